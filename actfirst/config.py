@@ -1,0 +1,257 @@
+"""Typed configuration: ``kw_only`` dataclasses loaded from YAML with dotted command-line overrides.
+
+Every check lives here. ``load_config`` rejects an unknown key, a wrong type or an impossible value
+before any work starts, with a :class:`ConfigError` that names the dotted key and the value::
+
+    cfg = load_config(RolloutSpeedupConfig, "configs/rollout_speedup_cpu.yaml", ["scheduler.b_max=64"])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration value was rejected; the message names the dotted key and the value."""
+
+
+def _check(ok: bool, key: str, value: Any, why: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {why}")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    """A small Qwen3-architecture model built from scratch (tests, the CPU demo, the CPU benchmark)."""
+
+    tokenizer: Literal["qwen3", "env-bpe"] = "env-bpe"
+    """``qwen3``: Qwen3's own vocabulary and ids; ``env-bpe``: a small BPE trained on environment text."""
+    env_bpe_vocab_size: int = 2048
+    """Vocabulary size of the ``env-bpe`` tokenizer before its added tokens."""
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    head_dim: int = 64
+    intermediate_size: int = 384
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    seed: int = 0
+    """Seed of the random initialization."""
+
+    def __post_init__(self) -> None:
+        for name in ("env_bpe_vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _check(self.env_bpe_vocab_size >= 300, "env_bpe_vocab_size", self.env_bpe_vocab_size,
+               "must be >= 300 (256 bytes plus merges and special tokens)")
+        _check(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
+               self.num_key_value_heads, f"must divide num_attention_heads={self.num_attention_heads}")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class EngineConfig:
+    """The student's in-process vLLM engine."""
+
+    model: str
+    """A Hugging Face model directory; it must exist."""
+    dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    max_model_len: int = 4096
+    max_num_seqs: int = 256
+    """vLLM's own sequence cap; must be >= scheduler.b_max so that admission control stays ours."""
+    max_num_batched_tokens: int = 8192
+    kv_cache_gib: int = 2
+    """CPU only: KV cache size in whole GiB (``VLLM_CPU_KVCACHE_SPACE``)."""
+    gpu_memory_utilization: float = 0.5
+    """GPU only: fraction of GPU memory vLLM may take (the trainer shares the GPU)."""
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(Path(self.model).is_dir(), "model", self.model, "is not a directory")
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", self.gpu_memory_utilization,
+               "must be in (0, 1]")
+        _check(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
+               self.max_num_batched_tokens, f"must be >= max_model_len={self.max_model_len}")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class SchedulerConfig:
+    """ActFirst's admission control in front of the engine (fast actions before full responses)."""
+
+    b_max: int = 64
+    """Cap on admitted generation requests, shared by fast actions and full responses."""
+    fast_action_admission: Literal["wait", "reserve", "preempt"] = "preempt"
+    """What a fast action does when b_max requests already run: ``wait`` for a slot; ``reserve``: full responses
+    never take the last ``reserved_fast_slots`` slots; ``preempt``: the latest-admitted full response is paused
+    (its tokens kept) and resumes later from where it stopped."""
+    reserved_fast_slots: int = 16
+    """With ``reserve``: slots only fast actions may take (capped at b_max - 1)."""
+
+    def __post_init__(self) -> None:
+        _check(self.b_max >= 1, "b_max", self.b_max, "must be >= 1")
+        _check(self.reserved_fast_slots >= 0, "reserved_fast_slots", self.reserved_fast_slots, "must be >= 0")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RolloutSpeedupConfig:
+    """The rollout-efficiency experiment (paper Sec. 5.4, Appendix C.5, Table 8, Figure 3a/b)."""
+
+    engine: EngineConfig
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    num_tasks: int = 16
+    """N, tasks per batch."""
+    num_batches: int = 1
+    """Batches of N tasks per repeat (the paper uses 64 batches of 16 = 1,024 contexts)."""
+    context_tokens: tuple[int, int] = (300, 600)
+    """Range of context lengths (tokens) drawn for the fixed interaction contexts."""
+    fast_action_tokens: int = 16
+    full_response_tokens: list[int] = dataclasses.field(default_factory=lambda: [128, 512])
+    b_max: list[int] = dataclasses.field(default_factory=lambda: [16, 32, 64, 128, 256])
+    turns: list[int] = dataclasses.field(default_factory=lambda: [4])
+    """Virtual turns T swept for Figure 3a (every b_max) ..."""
+    turns_sweep: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8])
+    """... and T swept at the largest b_max for Figure 3b."""
+    repeats: int = 3
+    """Paired repeats, strategy order alternated."""
+    admission_policies: list[str] = dataclasses.field(default_factory=lambda: ["wait", "reserve", "preempt"])
+    """Fast-action admission policies compared (at every b_max, the first full-response length, T = turns[0])."""
+    concurrency_sweep: list[int] = dataclasses.field(default_factory=lambda: [1, 4, 16, 64, 128, 256])
+    """Concurrencies of the peak-decode-rate sweep behind the throughput bound."""
+    temperature: float = 1.0
+    seed: int = 42
+    out_dir: str = "runs/rollout_speedup"
+
+    def __post_init__(self) -> None:
+        for name in ("num_tasks", "num_batches", "fast_action_tokens", "repeats"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        lo, hi = self.context_tokens
+        _check(1 <= lo <= hi, "context_tokens", self.context_tokens, "must be (lo, hi) with 1 <= lo <= hi")
+        for name in ("full_response_tokens", "b_max", "turns", "turns_sweep", "concurrency_sweep"):
+            values = getattr(self, name)
+            _check(len(values) > 0 and all(v >= 1 for v in values), name, values, "must be a non-empty list of ints >= 1")
+        for policy in self.admission_policies:
+            _check(policy in ("wait", "reserve", "preempt"), "admission_policies", self.admission_policies,
+                   "entries must be 'wait', 'reserve' or 'preempt'")
+        _check(max(self.b_max) <= self.engine.max_num_seqs, "b_max", self.b_max,
+               f"must not exceed engine.max_num_seqs={self.engine.max_num_seqs}")
+        _check(max(self.concurrency_sweep) <= self.engine.max_num_seqs, "concurrency_sweep", self.concurrency_sweep,
+               f"must not exceed engine.max_num_seqs={self.engine.max_num_seqs}")
+        need = hi + max(self.full_response_tokens) + 1
+        _check(need <= self.engine.max_model_len, "full_response_tokens", self.full_response_tokens,
+               f"context_tokens[1] + full response = {need} exceeds engine.max_model_len={self.engine.max_model_len}")
+        _check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and convert YAML lists to tuples where declared."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        _check(isinstance(value, dict), key, value, f"must be a mapping for {tp.__name__}")
+        return _build(tp, value, key)
+    if origin is Literal:
+        _check(value in typing.get_args(tp), key, value, f"must be one of {list(typing.get_args(tp))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[0] if errors else f"{key}={value!r}: wrong type")
+    if origin in (list, tuple):
+        _check(isinstance(value, (list, tuple)), key, value, f"must be a list, not {type(value).__name__}")
+        args = typing.get_args(tp)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            _check(len(value) == len(args), key, value, f"must have {len(args)} items")
+            return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+        item = args[0] if args else Any
+        items = [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if tp is Any:
+        return value
+    if tp is float:
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, value, "must be a number")
+        return float(value)
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), key, value, "must be an integer")
+        return value
+    if tp is bool:
+        _check(isinstance(value, bool), key, value, "must be true or false")
+        return value
+    if tp is str:
+        _check(isinstance(value, str), key, value, "must be a string")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} at {key}")
+
+
+def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls)}
+    for name in data:
+        if name not in fields:
+            key = f"{prefix}.{name}" if prefix else name
+            raise ConfigError(f"{key}={data[name]!r}: unknown key (known: {', '.join(sorted(fields))})")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        kwargs[name] = _coerce(hints[name], value, key)
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
+    except TypeError as e:  # a required field is missing
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``a.b.c=value`` overrides (values parsed as YAML) to a nested dict, in place."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected key=value, e.g. scheduler.b_max=64")
+        key, raw = item.split("=", 1)
+        node = data
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+        node[parts[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def load_config(cls: type, path: str | os.PathLike | None, overrides: list[str] | None = None) -> Any:
+    """Load ``cls`` from a YAML file (or from nothing) plus dotted overrides, validating everything."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping")
+    apply_overrides(data, list(overrides or []))
+    return _build(cls, data, "")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain dict of a config (for logging and result files)."""
+    return dataclasses.asdict(cfg)

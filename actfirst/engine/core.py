@@ -1,0 +1,234 @@
+"""ActFirstEngine: the asyncio front of the student's in-process vLLM engine.
+
+Callers ``await engine.generate(...)``; one loop task runs schedule -> execute -> update:
+
+1. the :class:`Scheduler` decides which requests vLLM sees (fast actions first, at most b_max);
+2. vLLM runs one step;
+3. new tokens are appended, finished requests leave the scheduler and their futures resolve.
+
+Between steps the loop yields to the event loop, so a caller whose fast action just finished can submit its
+next turn before the next step: full responses never block the environment.
+
+Weight updates (``update_weights``) happen between steps. Requests in flight at that moment are aborted in
+vLLM and requeued at the front of their queues with their partial outputs dropped: they restart under the new
+weights, so every result's tokens, log-probs and ``weight_version`` come from a single weight version (the
+loss's log pi_old must name one policy, Appendix B.4). The cost is the work they had done, bounded by one
+request's length per slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Iterable
+
+import torch
+
+from actfirst.config import EngineConfig, SchedulerConfig
+from actfirst.engine.llm import VLLMEngine
+from actfirst.engine.request import (FINISH_REASONS, GenerationResult, Request, RequestKind, RequestStatus,
+                                     SamplingSpec)
+from actfirst.engine.scheduler import Scheduler
+
+_FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH,
+                  "abort": RequestStatus.FINISHED_ABORTED}
+
+
+@dataclasses.dataclass(slots=True)
+class RequestRecord:
+    """Per-request measurements kept for reports and invariant checks."""
+
+    request_id: str
+    kind: RequestKind
+    arrival_seq: int
+    admit_seqs: list[int]
+    queue_wait_s: float
+    latency_s: float
+    num_tokens: int
+    num_preemptions: int
+
+
+class ActFirstEngine:
+    """Fast-action-first generation on one in-process vLLM engine."""
+
+    def __init__(self, vllm: VLLMEngine, scheduler_cfg: SchedulerConfig) -> None:
+        self.vllm = vllm
+        self.scheduler = Scheduler(scheduler_cfg)
+        self.weight_version = 0
+        self.records: list[RequestRecord] = []
+        self.num_steps = 0
+        self.peak_in_flight = 0
+        """Most requests vLLM held at once (never above b_max: vLLM sees only admitted requests)."""
+        self._requests: dict[str, Request] = {}  # unfinished, by engine request id
+        self._by_id: dict[str, Request] = {}  # unfinished, by caller's request id
+        self._wakeup = asyncio.Event()
+        self._loop_task: asyncio.Task | None = None
+        self._next_id = 0
+
+    @classmethod
+    def from_config(cls, engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig) -> ActFirstEngine:
+        if scheduler_cfg.b_max > engine_cfg.max_num_seqs:
+            raise ValueError(f"scheduler.b_max={scheduler_cfg.b_max}: must not exceed "
+                             f"engine.max_num_seqs={engine_cfg.max_num_seqs}")
+        return cls(VLLMEngine(engine_cfg), scheduler_cfg)
+
+    def reconfigure(self, scheduler_cfg: SchedulerConfig) -> None:
+        """Replace the scheduling policy (b_max, admission) while idle; records are cleared."""
+        if self.scheduler.has_work():
+            raise RuntimeError("reconfigure needs an idle engine")
+        self.scheduler = Scheduler(scheduler_cfg)
+        self.records.clear()
+        self.peak_in_flight = 0
+
+    # -- API -----------------------------------------------------------------------------------------------------
+
+    def submit(self, prompt_token_ids: list[int], kind: RequestKind, sampling: SamplingSpec,
+               request_id: str | None = None) -> asyncio.Future:
+        """Queue a request; the returned future resolves to its :class:`GenerationResult`."""
+        if not prompt_token_ids:
+            raise ValueError("prompt_token_ids=[]: a request needs at least one prompt token")
+        if request_id is None:
+            request_id = f"req-{self._next_id}"
+            self._next_id += 1
+        if request_id in self._by_id:
+            raise ValueError(f"request_id={request_id!r}: already in flight")
+        loop = asyncio.get_running_loop()
+        request = Request(request_id, kind, prompt_token_ids, sampling, arrival_time=time.perf_counter(),
+                          arrival_seq=self.scheduler.next_seq(), future=loop.create_future())
+        self._by_id[request_id] = request
+        self.scheduler.add_request(request)
+        self._ensure_loop()
+        self._wakeup.set()
+        return request.future
+
+    async def generate(self, prompt_token_ids: list[int], kind: RequestKind, sampling: SamplingSpec,
+                       request_id: str | None = None) -> GenerationResult:
+        return await self.submit(prompt_token_ids, kind, sampling, request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request; its future resolves with ``finish_reason="abort"`` and the tokens so far."""
+        request = self._by_id.get(request_id)
+        if request is None:
+            return
+        if request.status == RequestStatus.RUNNING:
+            self.vllm.abort([request.engine_request_id])
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Put new student weights into the running engine; returns the new weight version.
+
+        Requests in flight are requeued and restart under the new weights (see the module docstring); the
+        prefix cache is reset so that no KV computed under old weights is reused.
+        """
+        requeued = self.scheduler.requeue_all()
+        self.vllm.abort(r.engine_request_id for r in requeued)
+        for request in requeued:
+            self._requests.pop(request.engine_request_id, None)
+        self.vllm.load_weights(named_tensors)
+        self.vllm.reset_prefix_cache()
+        self.weight_version += 1
+        self._wakeup.set()
+        return self.weight_version
+
+    async def drain(self) -> None:
+        """Wait until every submitted request has finished."""
+        while self.scheduler.has_work():
+            await asyncio.sleep(0.001)
+
+    async def close(self) -> None:
+        """Abort everything still queued or running and stop the loop task."""
+        for request_id in list(self._by_id):
+            self.abort(request_id)
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            try:
+                await self._loop_task
+            except asyncio.CancelledError:
+                pass
+            self._loop_task = None
+
+    # -- the loop ------------------------------------------------------------------------------------------------
+
+    def _ensure_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop_task is None or self._loop_task.done() or self._loop_task.get_loop() is not loop:
+            # A new event loop (e.g. a second asyncio.run) needs its own Event and loop task.
+            self._wakeup = asyncio.Event()
+            self._loop_task = loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            if not self.scheduler.has_work():
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                continue
+            try:
+                self.step()
+            except Exception as exc:  # fail every waiter rather than hang them
+                for request in list(self._by_id.values()):
+                    if not request.future.done():
+                        request.future.set_exception(exc)
+                raise
+            await asyncio.sleep(0)  # let callers react to finished requests before the next step
+
+    def step(self) -> None:
+        """Schedule, execute one vLLM step, update from its output."""
+        # 1. Schedule.
+        sched = self.scheduler.schedule()
+        self.vllm.abort(r.engine_request_id for r in sched.preempted)
+        for request in sched.preempted:
+            self._requests.pop(request.engine_request_id, None)
+        for request in sched.admitted:
+            if request.num_generated == 0:
+                request.weight_version = self.weight_version
+            self._requests[request.engine_request_id] = request
+            self.vllm.add(request.engine_request_id, request.prompt_token_ids + request.output_token_ids,
+                          request.sampling, num_generated=request.num_generated)
+        if not self.scheduler.running:
+            return
+        self.peak_in_flight = max(self.peak_in_flight, self.vllm.num_unfinished())
+        # 2. Execute.
+        outputs = self.vllm.step()
+        self.num_steps += 1
+        # 3. Update.
+        for out in outputs:
+            request = self._requests.get(out.engine_request_id)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # output of an attempt that was preempted or requeued
+            request.output_token_ids += out.new_token_ids
+            request.output_logprobs += out.new_logprobs
+            stopped = request.num_preemptions > 0 and self._stop_across_resume(request)
+            if stopped:
+                self.vllm.abort([request.engine_request_id])
+                self._finish(request, RequestStatus.FINISHED_STOPPED)
+            elif out.finish_reason is not None:
+                self._finish(request, _FINISH_STATUS[out.finish_reason])
+
+    def _stop_across_resume(self, request: Request) -> bool:
+        """After a resume vLLM only sees the new text, so a stop string spanning the pause point is ours to find."""
+        if not request.sampling.stop:
+            return False
+        tail = self.vllm.decode(request.output_token_ids[-32:])
+        return any(stop in tail for stop in request.sampling.stop)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        self.scheduler.finish_request(request, status)
+        self._requests.pop(request.engine_request_id, None)
+        self._by_id.pop(request.request_id, None)
+        text = self.vllm.decode(request.output_token_ids)
+        for stop in request.sampling.stop:  # keep text up to and including the first stop string
+            cut = text.find(stop)
+            if cut >= 0:
+                text = text[: cut + len(stop)]
+        latency = request.finished_time - request.arrival_time
+        result = GenerationResult(
+            request_id=request.request_id, kind=request.kind, token_ids=list(request.output_token_ids), text=text,
+            logprobs=list(request.output_logprobs), finish_reason=FINISH_REASONS[status],
+            weight_version=request.weight_version, queue_wait_s=request.queue_wait_s, latency_s=latency,
+            num_preemptions=request.num_preemptions)
+        self.records.append(RequestRecord(request.request_id, request.kind, request.arrival_seq,
+                                          list(request.admit_seqs), request.queue_wait_s, latency,
+                                          request.num_generated, request.num_preemptions))
+        if request.future is not None and not request.future.done():
+            request.future.set_result(result)

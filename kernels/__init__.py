@@ -1,0 +1,1 @@
+"""ActFirst's fused ops (installed as ``actfirst.kernels``)."""

@@ -1,0 +1,24 @@
+import os
+
+# vLLM's CPU worker ignores torch.set_num_threads; set before vLLM or torch threads start.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from actfirst.config import ModelConfig  # noqa: E402
+from actfirst.models.factory import build_model  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny random Qwen3-architecture model with the small env-bpe tokenizer, saved as a HF directory."""
+    cfg = ModelConfig(tokenizer="env-bpe", hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32, intermediate_size=128, seed=1)
+    return build_model(cfg, tmp_path_factory.mktemp("models") / "tiny")

