@@ -1,0 +1,47 @@
+// Dual-clipped PPO token loss on the CPU (Appendix B.4, Eq. 29-32): one OpenMP-parallel, SIMD pass for the loss,
+// d loss / d logp and the clip counts. Same branch rules as kernels/ppo_loss.py.
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops.h"
+
+std::vector<at::Tensor> ppo_loss_forward(const at::Tensor& logp, const at::Tensor& logp_old,
+                                         const at::Tensor& logp_teacher, const at::Tensor& token_weight,
+                                         double clip_eps, double dual_clip) {
+  const int64_t n = logp.numel();
+  TORCH_CHECK(logp_old.numel() == n && logp_teacher.numel() == n && token_weight.numel() == n,
+              "logp, logp_old, logp_teacher and token_weight must have the same length");
+  auto lp = logp.to(at::kFloat).contiguous(), lo = logp_old.to(at::kFloat).contiguous();
+  auto lt = logp_teacher.to(at::kFloat).contiguous(), w = token_weight.to(at::kFloat).contiguous();
+  auto grad = at::empty({n}, lp.options());
+  const float *p = lp.data_ptr<float>(), *po = lo.data_ptr<float>(), *pt = lt.data_ptr<float>();
+  const float* pw = w.data_ptr<float>();
+  float* pg = grad.data_ptr<float>();
+  const float lo_clip = static_cast<float>(1.0 - clip_eps), hi_clip = static_cast<float>(1.0 + clip_eps);
+  const float kappa = static_cast<float>(dual_clip);
+  double loss = 0.0, n_clipped = 0.0, n_dual = 0.0;
+#pragma omp parallel for simd reduction(+ : loss, n_clipped, n_dual) schedule(static)
+  for (int64_t j = 0; j < n; ++j) {
+    const bool sup = pw[j] > 0.f;
+    const float adv = sup ? pt[j] - po[j] : 0.f;
+    const float log_ratio = p[j] - po[j];
+    const float ratio = std::exp(std::min(std::max(log_ratio, -20.f), 20.f));
+    const float unclipped = -adv * ratio;
+    const float clipped = -adv * std::min(std::max(ratio, lo_clip), hi_clip);
+    const bool take_clipped = clipped > unclipped;
+    const float l_clip = take_clipped ? clipped : unclipped;
+    const bool take_dual = adv < 0.f && l_clip > -kappa * adv;
+    const float l = take_dual ? -kappa * adv : l_clip;
+    const bool in_clip = ratio >= lo_clip && ratio <= hi_clip;
+    float g = (take_clipped && !in_clip) || take_dual ? 0.f : -adv * ratio;
+    if (log_ratio < -20.f || log_ratio > 20.f) g = 0.f;
+    pg[j] = g * pw[j];
+    loss += static_cast<double>(l) * pw[j];
+    n_clipped += (sup && take_clipped) ? 1.0 : 0.0;
+    n_dual += (sup && take_dual) ? 1.0 : 0.0;
+  }
+  auto opts = lp.options();
+  return {at::scalar_tensor(loss, opts), grad, at::scalar_tensor(n_clipped, opts), at::scalar_tensor(n_dual, opts)};
+}

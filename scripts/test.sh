@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (or check) the venv, then run the whole test suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export OMP_NUM_THREADS=1 TRITON_INTERPRET=1
+exec "${ACTFIRST_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
