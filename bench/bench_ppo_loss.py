@@ -29,8 +29,6 @@ def make(n: int, device: str, num_samples: int):
     return logp, logp_old, logp_t, mask, sample_idx
 
 
-
-
 def copy_bandwidth(device: str) -> float:
     """Measured GB/s of a large device copy (read + write)."""
     x = torch.empty(256 * 2**20 // 4, device=device)

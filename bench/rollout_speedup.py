@@ -35,9 +35,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch and vLLM start the
 import yaml  # noqa: E402
 
 from actfirst.config import ModelConfig, RolloutSpeedupConfig, SchedulerConfig, load_config, to_dict  # noqa: E402
-from actfirst.engine.core import ActFirstEngine  # noqa: E402
+from actfirst.engine.core import ActFirstEngine, summarize_records  # noqa: E402
 from actfirst.engine.request import RequestKind, SamplingSpec  # noqa: E402
 from actfirst.models.factory import build_model, environment_corpus  # noqa: E402
+from rollout_model import estimates  # noqa: E402
 
 FAST, FULL = RequestKind.FAST_ACTION, RequestKind.FULL_RESPONSE
 
@@ -73,6 +74,18 @@ def make_contexts(tokenizer, cfg: RolloutSpeedupConfig) -> list[tuple[list[int],
 def spec(tokens: int, temperature: float, seed: int) -> SamplingSpec:
     """Fixed-length generation (Table 8 fixes the lengths): ignore EOS, min = max tokens."""
     return SamplingSpec(max_tokens=tokens, min_tokens=tokens, ignore_eos=True, temperature=temperature, seed=seed)
+
+
+def analyze(cfg: RolloutSpeedupConfig, lat: dict, rates: dict[int, float], row: dict) -> dict:
+    """A measured setting plus its mean/sd speedup (Eq. 35) and every estimate and bound (rollout_model.py)."""
+    speedups = row["speedups"]
+    out = dict(row, speedup_mean=statistics.mean(speedups),
+               speedup_sd=statistics.stdev(speedups) if len(speedups) > 1 else 0.0)
+    out.update(estimates(num_tasks=cfg.num_tasks, num_batches=cfg.num_batches, turns=row["turns"],
+                         fast_tokens=cfg.fast_action_tokens, full_tokens=row["full_tokens"], b_max=row["b_max"],
+                         policy=row["policy"], lat_fast=lat["fast"], lat_full=lat[f"full_{row['full_tokens']}"],
+                         rates=rates, c_vanilla=statistics.mean(row["vanilla_s"]), speedup=out["speedup_mean"]))
+    return out
 
 
 async def think_then_act_batch(engine, contexts, turns, full_tokens, temperature, seed) -> float:
@@ -133,44 +146,6 @@ async def decode_rate_sweep(engine, contexts, concurrencies, tokens, temperature
     return rates
 
 
-def attainable_rate(rates: dict[int, float], concurrency: int) -> float:
-    """Best decode rate at up to ``concurrency`` running requests: the sweep's maximum over smaller
-    concurrencies, linearly interpolated to ``concurrency`` between sweep points."""
-    points = sorted(rates.items())
-    best = 0.0
-    for (c0, r0), (c1, r1) in zip(points, points[1:] + [(float("inf"), points[-1][1])]):
-        if c0 > concurrency:
-            break
-        best = max(best, r0)
-        if c1 > concurrency and c1 != float("inf"):
-            best = max(best, r0 + (r1 - r0) * (concurrency - c0) / (c1 - c0))
-    return best
-
-
-def estimates(cfg, lat, full_key, turns, b_max, rates, c_vanilla) -> dict:
-    """Eq. 36 idealized speedup; Eq. 25-26 concurrency bound and the throughput bound on measured Vanilla time.
-
-    The throughput bound uses the decode rate attainable at ActFirst's largest possible concurrency,
-    min(b_max, N (T + 1)) requests (N fast actions plus every full response), from the concurrency sweep.
-    """
-    n = cfg.num_tasks
-    peak_rate = attainable_rate(rates, min(b_max, n * (turns + 1)))
-    ideal_v = ideal_a = dep_conc = dep_tput = 0.0
-    for b in range(cfg.num_batches):
-        idx = range(b * n, (b + 1) * n)
-        fast = [lat["fast"][i] for i in idx]
-        full = [lat[full_key][i] for i in idx]
-        ideal_v += max(turns * f for f in full)
-        ideal_a += max((turns - 1) * a + max(a, f) for a, f in zip(fast, full))
-        dependency = max((turns - 1) * a + f for a, f in zip(fast, full))  # Eq. 22
-        slot_time = turns * sum(a + f for a, f in zip(fast, full)) / b_max  # Eq. 24 (per-task latencies)
-        dep_conc += max(dependency, slot_time)  # Eq. 25
-        tokens = n * turns * (cfg.fast_action_tokens + int(full_key.split("_")[1]))
-        dep_tput += max(dependency, tokens / peak_rate)
-    return {"ideal": ideal_v / ideal_a, "concurrency_bound": c_vanilla / dep_conc,
-            "throughput_bound": c_vanilla / dep_tput}
-
-
 async def run(cfg: RolloutSpeedupConfig, out_dir: Path) -> dict:
     from transformers import AutoTokenizer
 
@@ -200,6 +175,8 @@ async def run(cfg: RolloutSpeedupConfig, out_dir: Path) -> dict:
     rates = await decode_rate_sweep(engine, contexts, cfg.concurrency_sweep, min(cfg.full_response_tokens), temp)
     emit({"kind": "decode_rate", "rates": rates})
 
+    raw_rows: list[dict] = []
+
     async def paired(L, b_max, turns, policy, repeats):
         engine.reconfigure(SchedulerConfig(b_max=b_max, fast_action_admission=policy))
         speedups, van_total, af_total = [], [], []
@@ -218,41 +195,65 @@ async def run(cfg: RolloutSpeedupConfig, out_dir: Path) -> dict:
             speedups.append(times["vanilla"] / times["actfirst"])
             van_total.append(times["vanilla"])
             af_total.append(times["actfirst"])
-        fast_recs = [r for r in engine.records if r.kind == FAST]
-        row = {
-            "full_tokens": L, "b_max": b_max, "turns": turns, "policy": policy,
-            "speedup_mean": statistics.mean(speedups),
-            "speedup_sd": statistics.stdev(speedups) if len(speedups) > 1 else 0.0,
-            "speedups": speedups, "vanilla_s": van_total, "actfirst_s": af_total,
-            "fast_action_wait_p95_ms": 1e3 * sorted(r.queue_wait_s for r in fast_recs)[int(0.95 * (len(fast_recs) - 1))],
-            "peak_in_flight": engine.peak_in_flight,
-            **estimates(cfg, lat, f"full_{L}", turns, b_max, rates, statistics.mean(van_total)),
-        }
-        row["pct_of_throughput_bound"] = 100 * row["speedup_mean"] / row["throughput_bound"]
+        by_kind = summarize_records(engine.records)
+        row = {"full_tokens": L, "b_max": b_max, "turns": turns, "policy": policy, "speedups": speedups,
+               "vanilla_s": van_total, "actfirst_s": af_total,
+               "fast_action_wait_p95_ms": by_kind["fast_action"]["queue_wait_p95_ms"], "requests": by_kind,
+               "peak_in_flight": engine.peak_in_flight}
         emit({"kind": "speedup", **row})
+        raw_rows.append(row)
+        row = analyze(cfg, lat, rates, row)
         print(f"  L={L:4d} b_max={b_max:4d} T={turns:2d} {policy:8s} speedup {row['speedup_mean']:.2f}x "
               f"(sd {row['speedup_sd']:.2f}) ideal {row['ideal']:.2f} conc-bound {row['concurrency_bound']:.2f} "
               f"tput-bound {row['throughput_bound']:.2f} ({row['pct_of_throughput_bound']:.0f}%) "
+              f"step-model {row['step_model']:.2f} ({row['pct_of_step_model']:.0f}%) "
               f"fast-wait p95 {row['fast_action_wait_p95_ms']:.1f} ms", flush=True)
-        return row
 
     default_policy = cfg.scheduler.fast_action_admission
     print(f"Figure 3a: speedup against b_max (T={cfg.turns[0]}, policy {default_policy}) ...", flush=True)
-    fig_a = [await paired(L, b, cfg.turns[0], default_policy, cfg.repeats)
-             for L in cfg.full_response_tokens for b in cfg.b_max]
+    for L in cfg.full_response_tokens:
+        for b in cfg.b_max:
+            await paired(L, b, cfg.turns[0], default_policy, cfg.repeats)
     print(f"Figure 3b: speedup against T (b_max={max(cfg.b_max)}) ...", flush=True)
-    fig_b = [await paired(L, max(cfg.b_max), T, default_policy, cfg.repeats)
-             for L in cfg.full_response_tokens for T in cfg.turns_sweep if T != cfg.turns[0]]
-    fig_b += [r for r in fig_a if r["b_max"] == max(cfg.b_max)]
+    for L in cfg.full_response_tokens:
+        for T in cfg.turns_sweep:
+            if T != cfg.turns[0]:
+                await paired(L, max(cfg.b_max), T, default_policy, cfg.repeats)
     print("fast-action admission policies ...", flush=True)
-    policies = [await paired(cfg.full_response_tokens[0], b, cfg.turns[0], p, 1)
-                for p in cfg.admission_policies if p != default_policy for b in cfg.b_max]
-    policies += [r for r in fig_a if r["full_tokens"] == cfg.full_response_tokens[0]]
+    for p in cfg.admission_policies:
+        if p != default_policy:
+            for b in cfg.b_max:
+                await paired(cfg.full_response_tokens[0], b, cfg.turns[0], p, 1)
     await engine.close()
     log.close()
+    return assemble(cfg, lat, rates, raw_rows)
+
+
+def assemble(cfg: RolloutSpeedupConfig, lat: dict, rates: dict[int, float], raw_rows: list[dict]) -> dict:
+    """Results of a run (or of its measurements.jsonl): every row analyzed and sorted into Figure 3a, 3b and the
+    admission-policy comparison."""
+    rows = [analyze(cfg, lat, rates, r) for r in raw_rows]
+    policy, t0, b_top = cfg.scheduler.fast_action_admission, cfg.turns[0], max(cfg.b_max)
     return {"config": to_dict(cfg), "decode_rates": rates,
             "single_latency_median_s": {k: statistics.median(v) for k, v in lat.items()},
-            "figure_3a": fig_a, "figure_3b": fig_b, "admission_policies": policies}
+            "figure_3a": [r for r in rows if r["policy"] == policy and r["turns"] == t0],
+            "figure_3b": [r for r in rows if r["policy"] == policy and r["b_max"] == b_top],
+            "admission_policies": [r for r in rows if r["full_tokens"] == cfg.full_response_tokens[0]
+                                   and r["turns"] == t0]}
+
+
+def load_measurements(path: Path) -> tuple[dict, dict[int, float], list[dict]]:
+    """Single-request latencies, decode rates and raw speedup rows from a measurements.jsonl."""
+    lat, rates, rows = {}, {}, []
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["kind"] == "single_latency":
+            lat[rec["name"]] = rec["latencies_s"]
+        elif rec["kind"] == "decode_rate":
+            rates = {int(c): r for c, r in rec["rates"].items()}
+        elif rec["kind"] == "speedup":
+            rows.append({k: v for k, v in rec.items() if k != "kind"})
+    return lat, rates, rows
 
 
 PAPER_3A = {128: {16: 0.80, 256: 1.49}, 512: {16: 0.92, 256: 2.42}}
@@ -260,7 +261,7 @@ PAPER_3A = {128: {16: 0.80, 256: 1.49}, 512: {16: 0.92, 256: 2.42}}
 
 def table(results: dict) -> str:
     lines = ["| full tokens | b_max | T | policy | speedup (sd) | paper | Eq. 36 ideal | Eq. 25 bound | "
-             "throughput bound | % of throughput bound | fast wait p95 ms |",
+             "throughput bound (%) | step model (%) | fast wait p95 ms |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     seen = set()
     for r in results["figure_3a"] + results["figure_3b"] + results["admission_policies"]:
@@ -271,8 +272,9 @@ def table(results: dict) -> str:
         paper = PAPER_3A.get(r["full_tokens"], {}).get(r["b_max"]) if r["turns"] == 4 else None
         lines.append(f"| {r['full_tokens']} | {r['b_max']} | {r['turns']} | {r['policy']} | "
                      f"{r['speedup_mean']:.2f}x ({r['speedup_sd']:.2f}) | {f'{paper:.2f}x' if paper else '-'} | "
-                     f"{r['ideal']:.2f}x | {r['concurrency_bound']:.2f}x | {r['throughput_bound']:.2f}x | "
-                     f"{r['pct_of_throughput_bound']:.0f}% | {r['fast_action_wait_p95_ms']:.1f} |")
+                     f"{r['ideal']:.2f}x | {r['concurrency_bound']:.2f}x | {r['throughput_bound']:.2f}x "
+                     f"({r['pct_of_throughput_bound']:.0f}%) | {r['step_model']:.2f}x ({r['pct_of_step_model']:.0f}%) | "
+                     f"{r['fast_action_wait_p95_ms']:.1f} |")
     return "\n".join(lines)
 
 
@@ -292,10 +294,15 @@ def plot(results: dict, path: Path) -> None:
                       color=color, label=f"{L}-token full responses", capsize=3)
         ax_a.plot(x, [r["ideal"] for r in rows], "--", color=color, alpha=0.6, label=f"{L}: Eq. 36 ideal")
         ax_a.plot(x, [r["throughput_bound"] for r in rows], ":", color=color, alpha=0.9, label=f"{L}: throughput bound")
+        ax_a.plot(x, [r["step_model"] for r in rows], "-.", color=color, alpha=0.7, label=f"{L}: step model")
+        if L in PAPER_3A and rows and rows[0]["turns"] == 4:
+            ax_a.scatter(list(PAPER_3A[L]), list(PAPER_3A[L].values()), marker="x", s=60, color=color,
+                         label=f"{L}: paper (GPU, Qwen3-1.7B)")
         rows_b = sorted((r for r in results["figure_3b"] if r["full_tokens"] == L), key=lambda r: r["turns"])
         ax_b.errorbar([r["turns"] for r in rows_b], [r["speedup_mean"] for r in rows_b],
                       yerr=[r["speedup_sd"] for r in rows_b], marker="o", color=color, capsize=3, label=f"{L} tokens")
         ax_b.plot([r["turns"] for r in rows_b], [r["ideal"] for r in rows_b], "--", color=color, alpha=0.6)
+        ax_b.plot([r["turns"] for r in rows_b], [r["step_model"] for r in rows_b], "-.", color=color, alpha=0.7)
     for ax in (ax_a, ax_b):
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.grid(alpha=0.3)
@@ -305,7 +312,8 @@ def plot(results: dict, path: Path) -> None:
     ax_a.set_title(f"(a) speedup vs b_max, T={results['figure_3a'][0]['turns']}")
     ax_a.legend(fontsize=7)
     ax_b.set_xlabel("virtual turns T")
-    ax_b.set_title(f"(b) speedup vs T, b_max={max(r['b_max'] for r in results['figure_3b'])}")
+    ax_b.set_title(f"(b) speedup vs T, b_max={max(r['b_max'] for r in results['figure_3b'])} "
+                   "(dashed: Eq. 36, dash-dot: step model)")
     ax_b.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -316,8 +324,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=str(Path(__file__).parents[1] / "configs" / "rollout_speedup_cpu.yaml"))
     parser.add_argument("--model-config", default=None,
                         help="ModelConfig YAML: build this model at engine.model first if that directory is missing")
+    parser.add_argument("--report", default=None, metavar="DIR",
+                        help="only rebuild results.json, table.md and speedup.png from DIR/measurements.jsonl")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. scheduler.b_max=64")
     args = parser.parse_args(argv)
+    if args.report:
+        out_dir = Path(args.report)
+        cfg = load_config(RolloutSpeedupConfig, args.config, args.overrides)
+        write_results(assemble(cfg, *load_measurements(out_dir / "measurements.jsonl")), out_dir)
+        return
 
     raw = yaml.safe_load(Path(args.config).read_text())
     model_path = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("engine.model=")),
@@ -331,13 +346,17 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     results = asyncio.run(run(cfg, out_dir))
     results["wall_s"] = time.perf_counter() - start
+    write_results(results, out_dir)
+
+
+def write_results(results: dict, out_dir: Path) -> None:
     results["machine"] = {"cpus": os.cpu_count(), "omp_threads": os.environ.get("OMP_NUM_THREADS")}
     (out_dir / "results.json").write_text(json.dumps(results, indent=2))
     md = table(results)
     (out_dir / "table.md").write_text(md + "\n")
     plot(results, out_dir / "speedup.png")
     print(md)
-    print(f"wrote {out_dir}/results.json, table.md, speedup.png, measurements.jsonl ({results['wall_s']:.0f} s)")
+    print(f"wrote {out_dir}/results.json, table.md, speedup.png")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,26 @@ class RequestRecord:
     num_preemptions: int
 
 
+def summarize_records(records: list[RequestRecord]) -> dict[str, dict[str, float]]:
+    """Queue wait and latency (p50, p95, max; milliseconds) and counts by request kind."""
+
+    def pct(values: list[float], q: float) -> float:
+        return 1e3 * sorted(values)[min(len(values) - 1, int(q * len(values)))]
+
+    summary = {}
+    for kind in RequestKind:
+        recs = [r for r in records if r.kind == kind]
+        if not recs:
+            continue
+        waits, lats = [r.queue_wait_s for r in recs], [r.latency_s for r in recs]
+        summary[kind.name.lower()] = {
+            "count": len(recs), "preemptions": sum(r.num_preemptions for r in recs),
+            "queue_wait_p50_ms": pct(waits, 0.5), "queue_wait_p95_ms": pct(waits, 0.95), "queue_wait_max_ms": 1e3 * max(waits),
+            "latency_p50_ms": pct(lats, 0.5), "latency_p95_ms": pct(lats, 0.95), "latency_max_ms": 1e3 * max(lats),
+        }
+    return summary
+
+
 class ActFirstEngine:
     """Fast-action-first generation on one in-process vLLM engine."""
 
@@ -130,11 +150,6 @@ class ActFirstEngine:
         self.weight_version += 1
         self._wakeup.set()
         return self.weight_version
-
-    async def drain(self) -> None:
-        """Wait until every submitted request has finished."""
-        while self.scheduler.has_work():
-            await asyncio.sleep(0.001)
 
     async def close(self) -> None:
         """Abort everything still queued or running and stop the loop task."""

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 from transformers import Qwen3ForCausalLM
 
 from actfirst.config import SchedulerConfig
+from actfirst.engine.core import summarize_records
 from actfirst.engine.request import RequestKind, SamplingSpec
 
 FAST, FULL = RequestKind.FAST_ACTION, RequestKind.FULL_RESPONSE
@@ -55,8 +56,11 @@ def test_mixed_workload_invariants(engine, policy):
     # 5 tasks x (1 fast + up to 3 full) > 6 slots, so the cap binds and the ordering rule is exercised.
     assert engine.peak_in_flight == b_max
     assert priority_inversions(engine.records) == 0
-    if policy == "preempt":
-        assert all(r.num_preemptions >= 0 for r in full_results)
+    summary = summarize_records(engine.records)
+    assert summary["fast_action"]["count"] == summary["full_response"]["count"] == 15
+    assert summary["full_response"]["preemptions"] == sum(r.num_preemptions for r in full_results)
+    if policy != "preempt":
+        assert summary["full_response"]["preemptions"] == 0
 
 
 def test_preempted_full_response_resumes_with_all_its_tokens(engine):
