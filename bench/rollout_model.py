@@ -89,9 +89,8 @@ def estimates(*, num_tasks: int, num_batches: int, turns: int, fast_tokens: int,
         slot_time = turns * sum(a + f for a, f in zip(fast, full)) / b_max  # Eq. 24
         bound_conc += max(dependency, slot_time)  # Eq. 25
         bound_tput += max(dependency, n * turns * (fast_tokens + full_tokens) / rate)
-    kw = dict(num_tasks=n, turns=turns, fast_tokens=fast_tokens, full_tokens=full_tokens, b_max=b_max, policy=policy,
-              rates=rates)
-    step_model = simulate_batch("vanilla", **kw) / simulate_batch("actfirst", **kw)
+    kw = dict(num_tasks=n, turns=turns, fast_tokens=fast_tokens, full_tokens=full_tokens, b_max=b_max, rates=rates)
+    step_model = simulate_batch("vanilla", policy="wait", **kw) / simulate_batch("actfirst", policy=policy, **kw)
     out = {"ideal": ideal_v / ideal_a, "concurrency_bound": c_vanilla / bound_conc,
            "throughput_bound": c_vanilla / bound_tput, "step_model": step_model}
     out["pct_of_throughput_bound"] = 100 * speedup / out["throughput_bound"]

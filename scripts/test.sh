@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export OMP_NUM_THREADS=1 TRITON_INTERPRET=1
+export OMP_NUM_THREADS=1  # vLLM CPU: see tests/conftest.py; Triton runs interpreted there (tests/kernels/conftest.py)
 exec "${ACTFIRST_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
