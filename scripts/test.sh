@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export OMP_NUM_THREADS=1  # vLLM CPU: see tests/conftest.py; Triton runs interpreted there (tests/kernels/conftest.py)
+export OMP_NUM_THREADS=1  # vLLM on 2-core CPUs; tests/conftest.py also sets TRITON_INTERPRET without a GPU
 exec "${ACTFIRST_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider tests "$@"

@@ -1,8 +1,13 @@
 import os
+import shutil
 
 # vLLM's CPU worker ignores torch.set_num_threads; set before vLLM or torch threads start.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# Without a GPU, Triton kernels run under the interpreter (correctness only, small shapes). It must be set before
+# triton is first imported (transformers and vLLM import it too), or triton's own @jit helpers stay compiled-only.
+if shutil.which("nvidia-smi") is None:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
