@@ -43,7 +43,7 @@ def native_extensions():
     ext = CppExtension(
         "actfirst._C",
         sources,
-        extra_compile_args=["-O3", "-fopenmp", "-march=native", "-fno-math-errno"],
+        extra_compile_args=["-O3", "-fopenmp", "-march=native", "-fno-math-errno", "-fno-trapping-math"],
         extra_link_args=["-fopenmp"],
     )
     return [ext], {"build_ext": Build.with_options(use_ninja=True)}

@@ -48,12 +48,19 @@ std::vector<at::Tensor> logprob_gather_forward(const at::Tensor& hidden, const a
           mx = std::max(mx, row[j]);
         }
         const float m_new = std::max(m[r], mx);
+        // Float partial sums over chunks (vectorized), double across chunks: the entropy lse - t / s cancels.
         double se = 0.0, te = 0.0;
-#pragma omp simd reduction(+ : se, te)
-        for (int64_t j = 0; j < vt; ++j) {
-          const float e = std::exp(row[j] - m_new);
-          se += e;
-          te += e * row[j];
+        for (int64_t c0 = 0; c0 < vt; c0 += 1024) {
+          const int64_t c1 = std::min(vt, c0 + 1024);
+          float cs = 0.f, ct = 0.f;
+#pragma omp simd reduction(+ : cs, ct)
+          for (int64_t j = c0; j < c1; ++j) {
+            const float e = fast_exp(row[j] - m_new);
+            cs += e;
+            ct += e * row[j];
+          }
+          se += cs;
+          te += ct;
         }
         const double scale = std::exp(static_cast<double>(m[r] - m_new));  // 0 on the first tile (m = -inf)
         s[r] = s[r] * scale + se;
@@ -103,7 +110,7 @@ std::vector<at::Tensor> logprob_gather_backward(const at::Tensor& hidden, const 
         float* row = zp + r * vt;
         const float gs = gp[r] * inv_temp, lse_r = lp[r];
 #pragma omp simd
-        for (int64_t j = 0; j < vt; ++j) row[j] = -gs * std::exp(row[j] * inv_temp - lse_r);
+        for (int64_t j = 0; j < vt; ++j) row[j] = -gs * fast_exp(row[j] * inv_temp - lse_r);
         const int64_t target = yp[r] - v0;
         if (target >= 0 && target < vt) row[target] += gs;
       }

@@ -21,26 +21,37 @@ std::vector<at::Tensor> ppo_loss_forward(const at::Tensor& logp, const at::Tenso
   float* pg = grad.data_ptr<float>();
   const float lo_clip = static_cast<float>(1.0 - clip_eps), hi_clip = static_cast<float>(1.0 + clip_eps);
   const float kappa = static_cast<float>(dual_clip);
+  // Blocks of kBlock tokens: a branch-free, vectorized inner loop with float partial sums (exact for the counts),
+  // accumulated in double across blocks and threads.
+  constexpr int64_t kBlock = 2048;
+  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
   double loss = 0.0, n_clipped = 0.0, n_dual = 0.0;
-#pragma omp parallel for simd reduction(+ : loss, n_clipped, n_dual) schedule(static)
-  for (int64_t j = 0; j < n; ++j) {
-    const bool sup = pw[j] > 0.f;
-    const float adv = sup ? pt[j] - po[j] : 0.f;
-    const float log_ratio = p[j] - po[j];
-    const float ratio = std::exp(std::min(std::max(log_ratio, -20.f), 20.f));
-    const float unclipped = -adv * ratio;
-    const float clipped = -adv * std::min(std::max(ratio, lo_clip), hi_clip);
-    const bool take_clipped = clipped > unclipped;
-    const float l_clip = take_clipped ? clipped : unclipped;
-    const bool take_dual = adv < 0.f && l_clip > -kappa * adv;
-    const float l = take_dual ? -kappa * adv : l_clip;
-    const bool in_clip = ratio >= lo_clip && ratio <= hi_clip;
-    float g = (take_clipped && !in_clip) || take_dual ? 0.f : -adv * ratio;
-    if (log_ratio < -20.f || log_ratio > 20.f) g = 0.f;
-    pg[j] = g * pw[j];
-    loss += static_cast<double>(l) * pw[j];
-    n_clipped += (sup && take_clipped) ? 1.0 : 0.0;
-    n_dual += (sup && take_dual) ? 1.0 : 0.0;
+#pragma omp parallel for reduction(+ : loss, n_clipped, n_dual) schedule(static)
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t begin = b * kBlock, end = std::min(n, begin + kBlock);
+    float block_loss = 0.f, block_clipped = 0.f, block_dual = 0.f;
+#pragma omp simd reduction(+ : block_loss, block_clipped, block_dual)
+    for (int64_t j = begin; j < end; ++j) {
+      const bool sup = pw[j] > 0.f;
+      const float adv = sup ? pt[j] - po[j] : 0.f;
+      const float log_ratio = p[j] - po[j];
+      const float ratio = fast_exp(std::min(std::max(log_ratio, -20.f), 20.f));
+      const float unclipped = -adv * ratio;
+      const float clipped = -adv * std::min(std::max(ratio, lo_clip), hi_clip);
+      const bool take_clipped = clipped > unclipped;  // ties take the unclipped branch
+      const float l_clip = take_clipped ? clipped : unclipped;
+      const bool take_dual = (adv < 0.f) & (l_clip > -kappa * adv);  // ties keep l_clip
+      const bool in_clip = (ratio >= lo_clip) & (ratio <= hi_clip);
+      const bool in_range = (log_ratio >= -20.f) & (log_ratio <= 20.f);
+      const bool no_grad = (take_clipped & !in_clip) | take_dual | !in_range;
+      pg[j] = no_grad ? 0.f : -adv * ratio * pw[j];
+      block_loss += (take_dual ? -kappa * adv : l_clip) * pw[j];
+      block_clipped += (sup & take_clipped) ? 1.f : 0.f;
+      block_dual += (sup & take_dual) ? 1.f : 0.f;
+    }
+    loss += block_loss;
+    n_clipped += block_clipped;
+    n_dual += block_dual;
   }
   auto opts = lp.options();
   return {at::scalar_tensor(loss, opts), grad, at::scalar_tensor(n_clipped, opts), at::scalar_tensor(n_dual, opts)};
