@@ -6,12 +6,11 @@ fixed contexts, T virtual turns, fixed-length fast actions and full responses, b
 action and the full response are submitted together and the fast action releases the next turn. A batch ends
 when every request has finished. Paired repeats use the same engine, contexts and seeds, order alternated.
 
-Next to each measured speedup (Eq. 35) it reports:
-- the idealized estimate of Eq. 36 from single-request latencies (median of three, per context);
-- the concurrency bound of Eq. 25-26 (dependency chain and b_max slot-time), on the measured Vanilla time;
-- a throughput bound: ActFirst cannot finish before its tokens are decoded at the engine's peak decode rate
-  (measured by a concurrency sweep in the same run), nor before its dependency chain; on the measured Vanilla
-  time. On a CPU decode throughput levels off at 64-128 sequences, so this is the bound that binds there.
+Next to each measured speedup (Eq. 35) it reports the estimates and bounds of ``rollout_model.py``: the
+idealized estimate of Eq. 36 (single-request latencies, median of three per context), the concurrency bound of
+Eq. 25-26, a throughput bound (ActFirst's tokens over the best decode rate of a concurrency sweep measured in the
+same run) and a step model (the same schedule replayed with the sweep's measured step times). On a CPU decode
+throughput levels off at 64-128 sequences, so overlap is not free and the last two are the ones that bind.
 
     python bench/rollout_speedup.py --config configs/rollout_speedup_cpu.yaml [key=value ...]
 
@@ -318,8 +317,8 @@ def plot(results: dict, path: Path) -> None:
     ax_a.set_title(f"(a) speedup vs b_max, T={results['figure_3a'][0]['turns']}")
     ax_a.legend(fontsize=7)
     ax_b.set_xlabel("virtual turns T")
-    ax_b.set_title(f"(b) speedup vs T, b_max={max(r['b_max'] for r in results['figure_3b'])} "
-                   "(dashed: Eq. 36, dash-dot: step model)")
+    ax_b.set_title(f"(b) speedup vs T, b_max={max(r['b_max'] for r in results['figure_3b'])}\n"
+                   "(dashed: Eq. 36 ideal, dash-dot: step model)", fontsize=10)
     ax_b.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -92,7 +92,8 @@ std::vector<at::Tensor> logprob_gather_backward(const at::Tensor& hidden, const 
   const float inv_temp = static_cast<float>(1.0 / temperature);
   auto h = hidden.to(at::kFloat).contiguous();
   auto grad_h = at::zeros(h.sizes(), h.options());
-  at::Tensor grad_w = need_weight_grad ? at::zeros(weight.sizes(), h.options()) : at::Tensor();
+  at::Tensor grad_w;  // every row is written by the tile loop below (zeros when there are no tokens)
+  if (need_weight_grad) grad_w = n > 0 ? at::empty(weight.sizes(), h.options()) : at::zeros(weight.sizes(), h.options());
   auto y = targets.contiguous();
   auto l = lse.to(at::kFloat).contiguous();
   auto g = grad_logp.to(at::kFloat).contiguous();
@@ -116,7 +117,10 @@ std::vector<at::Tensor> logprob_gather_backward(const at::Tensor& hidden, const 
       }
     });
     grad_h.addmm_(z, wt);
-    if (need_weight_grad) grad_w.narrow(0, v0, vt).copy_(at::mm(z.t(), h));
+    if (need_weight_grad) {
+      auto grad_w_tile = grad_w.narrow(0, v0, vt);  // rows of a contiguous tensor: written in place, no temporary
+      at::mm_out(grad_w_tile, z.t(), h);
+    }
   }
   return {grad_h.to(hidden.scalar_type()),
           need_weight_grad ? grad_w.to(weight.scalar_type()) : at::Tensor()};
