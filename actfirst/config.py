@@ -104,6 +104,25 @@ class SchedulerConfig:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
+class ScienceWorldConfig:
+    """ScienceWorld as Appendix C.1 sets it up (easy preset, 30-turn limit in training)."""
+
+    train_task_types: list[str]
+    """The 17 trained task types (the paper does not name them; see configs/envs/scienceworld.yaml)."""
+    simplification: Literal["easy"] = "easy"
+    max_turns: int = 30
+
+    def __post_init__(self) -> None:
+        from actfirst.envs.scienceworld_tasks import TASK_TYPES
+
+        unknown = [t for t in self.train_task_types if t not in TASK_TYPES]
+        _check(not unknown, "train_task_types", unknown, "not ScienceWorld task types")
+        _check(len(set(self.train_task_types)) == len(self.train_task_types), "train_task_types",
+               self.train_task_types, "has duplicates")
+        _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
 class RolloutSpeedupConfig:
     """The rollout-efficiency experiment (paper Sec. 5.4, Appendix C.5, Table 8, Figure 3a/b)."""
 

@@ -1,0 +1,54 @@
+"""ScienceWorld task types and the paper's splits (Appendix C.1).
+
+Training uses the first half of the variations of 17 task types; evaluation uses the last five variations of
+each of all 30 types (85 instances from the trained types, 65 from the other 13). The paper does not name the 17;
+ours are in ``configs/envs/scienceworld.yaml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+# The 30 task types of scienceworld 1.2.3 (tests check this list against the simulator).
+TASK_TYPES = (
+    "boil", "change-the-state-of-matter-of", "chemistry-mix", "chemistry-mix-paint-secondary-color",
+    "chemistry-mix-paint-tertiary-color", "find-animal", "find-living-thing", "find-non-living-thing", "find-plant",
+    "freeze", "grow-fruit", "grow-plant", "identify-life-stages-1", "identify-life-stages-2",
+    "inclined-plane-determine-angle", "inclined-plane-friction-named-surfaces",
+    "inclined-plane-friction-unnamed-surfaces", "lifespan-longest-lived", "lifespan-longest-lived-then-shortest-lived",
+    "lifespan-shortest-lived", "measure-melting-point-known-substance", "measure-melting-point-unknown-substance",
+    "melt", "mendelian-genetics-known-plant", "mendelian-genetics-unknown-plant", "power-component",
+    "power-component-renewable-vs-nonrenewable-energy", "test-conductivity", "test-conductivity-of-unknown-substances",
+    "use-thermometer",
+)
+EVAL_VARIATIONS_PER_TYPE = 5
+
+
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class ScienceWorldTask:
+    """One task instance: a task type and one of its variations."""
+
+    task_type: str
+    variation: int
+
+
+def scienceworld_splits(train_types: list[str], max_variations: dict[str, int]
+                        ) -> tuple[list[ScienceWorldTask], list[ScienceWorldTask]]:
+    """(training tasks, evaluation tasks) as Appendix C.1 defines them.
+
+    Args:
+        train_types: the trained task types.
+        max_variations: number of variations of every task type (from the simulator).
+    """
+    unknown = sorted(set(train_types) - set(TASK_TYPES))
+    if unknown:
+        raise ValueError(f"train_types={unknown}: not ScienceWorld task types")
+    missing = sorted(set(TASK_TYPES) - set(max_variations))
+    if missing:
+        raise ValueError(f"max_variations: no count for {missing}")
+    train = [ScienceWorldTask(t, v) for t in train_types for v in range(max_variations[t] // 2)]
+    evaluation = [ScienceWorldTask(t, v) for t in TASK_TYPES
+                  for v in range(max_variations[t] - EVAL_VARIATIONS_PER_TYPE, max_variations[t])]
+    if set(train) & set(evaluation):
+        raise ValueError("training and evaluation instances overlap (a type with fewer than 10 variations)")
+    return train, evaluation
