@@ -2,7 +2,8 @@
 
 Providers: ``eager`` (matmul + log_softmax + gather), ``compile`` (the same under torch.compile), ``fused`` (our
 dispatcher: Triton on CUDA, the native op on the CPU), ``liger`` (Liger-Kernel's fused linear cross-entropy,
-whose per-token loss is -logp, CUDA only). Modes: ``fwd`` (teacher scoring) and ``fwd_bwd`` (student update).
+whose per-token loss is -logp, CUDA only), ``fused_ppo`` (op 3: the PPO loss straight from hidden states, fwd_bwd
+only). Modes: ``fwd`` (teacher scoring) and ``fwd_bwd`` (student update).
 
 Each (provider, shape, mode) runs in its own subprocess so that peak memory (CUDA: max_memory_allocated; CPU:
 peak RSS) is its own. Reports time, peak memory above the inputs, achieved TFLOP/s (2NVH forward, 6NVH forward
@@ -52,6 +53,16 @@ def setup(provider: str, n: int, h: int, v: int, dtype: torch.dtype, device: str
 
         def op(hid, w, y):
             return logprob_gather(hid, w, y)[0]
+    elif provider == "fused_ppo":
+        # Op 3: the PPO loss straight from hidden states (its cost is that of the gather's forward + backward).
+        from actfirst.kernels.dispatch import ppo_loss_from_hidden
+
+        zeros = torch.zeros(n, device=device)
+        ones = torch.ones(n, device=device)
+        idx = torch.arange(n, device=device) // 256
+
+        def op(hid, w, y):
+            return ppo_loss_from_hidden(hid, w, y, zeros - 5, zeros - 4, ones, idx, int(idx.max()) + 1)[0]
     elif provider == "liger":
         from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction
 

@@ -43,3 +43,11 @@ std::vector<at::Tensor> logprob_gather_backward(const at::Tensor& hidden, const 
 std::vector<at::Tensor> ppo_loss_forward(const at::Tensor& logp, const at::Tensor& logp_old,
                                          const at::Tensor& logp_teacher, const at::Tensor& token_weight,
                                          double clip_eps, double dual_clip);
+
+// Op 3: the dual-clipped PPO loss straight from hidden states, rows in chunks of `chunk` ([chunk, V] logits at a
+// time): (loss [], grad_hidden, grad_weight, logp [N] fp32, clipped count [], dual count []).
+std::vector<at::Tensor> ppo_loss_from_hidden(const at::Tensor& hidden, const at::Tensor& weight,
+                                             const at::Tensor& targets, double temperature,
+                                             const at::Tensor& logp_old, const at::Tensor& logp_teacher,
+                                             const at::Tensor& token_weight, double clip_eps, double dual_clip,
+                                             int64_t chunk);

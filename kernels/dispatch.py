@@ -127,3 +127,49 @@ def ppo_loss(logp: torch.Tensor, logp_old: torch.Tensor, logp_teacher: torch.Ten
         loss, grad, n_clip, n_dual = native_ops().ppo_loss_forward(*args, clip_eps, dual_clip)
     n_sup = (mask > 0).sum().clamp_min(1)
     return pl.PPOLossFunction.apply(logp, loss, grad), n_clip / n_sup, n_dual / n_sup
+
+
+class _PPOLossFromHidden(torch.autograd.Function):
+    """Native op 3: loss, logp and both gradients in one chunked pass; backward only scales the gradients."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, logp_old, logp_teacher, token_weight, clip_eps, dual_clip,
+                chunk):
+        loss, grad_h, grad_w, logp, n_clip, n_dual = native_ops().ppo_loss_from_hidden(
+            hidden, weight, targets, temperature, logp_old, logp_teacher, token_weight, clip_eps, dual_clip, chunk)
+        ctx.save_for_backward(grad_h, grad_w)
+        ctx.mark_non_differentiable(logp, n_clip, n_dual)
+        return loss, logp, n_clip, n_dual
+
+    @staticmethod
+    def backward(ctx, grad_loss, *_):
+        grad_h, grad_w = ctx.saved_tensors
+        if not torch.equal(grad_loss, torch.ones_like(grad_loss)):  # the usual loss.backward() needs no copy
+            grad_h, grad_w = grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype)
+        return grad_h, grad_w, None, None, None, None, None, None, None, None
+
+
+def ppo_loss_from_hidden(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, logp_old: torch.Tensor,
+                         logp_teacher: torch.Tensor, mask: torch.Tensor, sample_idx: torch.Tensor, num_samples: int, *,
+                         temperature: float = 1.0, clip_eps: float = 0.2, dual_clip: float = 3.0, eps: float = 1e-8,
+                         backend: Backend | None = None):
+    """The student update's loss straight from hidden states: logprob_gather then ppo_loss, fused (op 3).
+
+    On the CPU the native op walks the tokens in chunks whose [chunk, V] logits fit 64 MiB and produces the
+    gradients during the forward pass (no recomputation); elsewhere it composes the two ops.
+
+    Returns:
+        (loss [], logp [N] fp32 without gradient, clip fraction [], dual-clip fraction [])
+    """
+    chosen = pick_backend(hidden.device, backend)
+    if chosen != "native":
+        logp, _ = logprob_gather(hidden, weight, targets, temperature, backend=chosen)
+        loss, clip_frac, dual_frac = ppo_loss(logp, logp_old, logp_teacher, mask, sample_idx, num_samples,
+                                              clip_eps=clip_eps, dual_clip=dual_clip, eps=eps, backend=chosen)
+        return loss, logp.detach(), clip_frac, dual_frac
+    token_weight = pl.token_weights(mask, sample_idx.long(), num_samples, eps)
+    chunk = max(1, (64 << 20) // (4 * weight.shape[0]))
+    loss, logp, n_clip, n_dual = _PPOLossFromHidden.apply(hidden, weight, targets.long(), float(temperature), logp_old,
+                                                         logp_teacher, token_weight, clip_eps, dual_clip, chunk)
+    n_sup = (mask > 0).sum().clamp_min(1)
+    return loss, logp, n_clip / n_sup, n_dual / n_sup

@@ -92,3 +92,40 @@ def test_bad_inputs_are_rejected():
         ppo_loss(x, x, x, torch.ones(3), torch.zeros(4, dtype=torch.long), 1)
     with pytest.raises(ValueError, match="num_samples=0"):
         ppo_loss(x, x, x, torch.ones(4), torch.zeros(4, dtype=torch.long), 0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_from_hidden_matches_composed_float64_reference(backend, dtype):
+    from actfirst.kernels.dispatch import ppo_loss_from_hidden
+    from actfirst.kernels.logprob_gather import logprob_gather_reference
+
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    n, h, v, num_samples = 45, 24, 1031 if backend != "triton" or DEVICE == "cuda" else 300, 4
+    hidden = torch.randn(n, h, generator=gen, dtype=torch.float64)
+    weight = torch.randn(v, h, generator=gen, dtype=torch.float64) / h**0.5
+    targets = torch.randint(0, v, (n,), generator=gen)
+    sample_idx = torch.sort(torch.randint(0, num_samples, (n,), generator=gen)).values
+    mask = (torch.rand(n, generator=gen) > 0.2).double()
+    with torch.no_grad():
+        logp_ref, _ = logprob_gather_reference(hidden, weight, targets, 0.7)
+    logp_old = logp_ref + 0.3 * torch.randn(n, generator=gen, dtype=torch.float64)
+    logp_teacher = logp_ref + torch.randn(n, generator=gen, dtype=torch.float64)
+    hid = hidden.to(dtype).to(DEVICE).requires_grad_(True)
+    w = weight.to(dtype).to(DEVICE).requires_grad_(True)
+    args = [t.to(DEVICE) for t in (targets, logp_old.float(), logp_teacher.float(), mask, sample_idx)]
+    loss, logp, clip_frac, _ = ppo_loss_from_hidden(hid, w, args[0], *args[1:], num_samples, temperature=0.7,
+                                                    clip_eps=CLIP, dual_clip=KAPPA, backend=backend)
+    (3 * loss).backward()  # an upstream gradient other than 1
+    h64 = hid.detach().double().requires_grad_(True)
+    w64 = w.detach().double().requires_grad_(True)
+    lp64, _ = logprob_gather_reference(h64, w64, args[0], 0.7)
+    ref, ref_clip, _ = ppo_loss_reference(lp64, logp_old.float().double(), logp_teacher.float().double(), mask,
+                                          sample_idx, num_samples, clip_eps=CLIP, dual_clip=KAPPA)
+    (3 * ref).backward()
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(loss.double(), ref.detach(), atol=tol, rtol=tol)
+    torch.testing.assert_close(logp.double(), lp64.detach(), atol=tol, rtol=0)
+    torch.testing.assert_close(hid.grad.double(), h64.grad, atol=tol * h64.grad.abs().max().item(), rtol=tol)
+    torch.testing.assert_close(w.grad.double(), w64.grad, atol=tol * w64.grad.abs().max().item(), rtol=tol)
+    assert abs(clip_frac.item() - ref_clip.item()) <= 1 / n + 1e-6  # a token at a clip boundary may flip
