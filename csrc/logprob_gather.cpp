@@ -41,12 +41,7 @@ std::vector<at::Tensor> logprob_gather_forward(const at::Tensor& hidden, const a
     at::parallel_for(0, n, 8, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         float* row = zp + r * vt;
-        float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < vt; ++j) {
-          row[j] *= inv_temp;
-          mx = std::max(mx, row[j]);
-        }
+        const float mx = scale_row_max(row, vt, inv_temp);
         const float m_new = std::max(m[r], mx);
         // Float partial sums over chunks (vectorized), double across chunks: the entropy lse - t / s cancels.
         double se = 0.0, te = 0.0;

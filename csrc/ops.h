@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 // expf that the compiler vectorizes (glibc's expf only vectorizes under -ffast-math, which we avoid because the
@@ -25,6 +26,17 @@ inline float fast_exp(float x) {
   y = y * r * r + r + 1.0f;
   y = __builtin_bit_cast(float, __builtin_bit_cast(int32_t, y) + (static_cast<int32_t>(k) << 23));  // y * 2^k
   return x < lo ? 0.f : y;
+}
+
+// Scales a row of logits by 1 / temperature in place and returns its maximum.
+inline float scale_row_max(float* row, int64_t len, float inv_temp) {
+  float mx = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 0; j < len; ++j) {
+    row[j] *= inv_temp;
+    mx = std::max(mx, row[j]);
+  }
+  return mx;
 }
 
 // Fused log-prob gather, forward: (logp, lse, entropy), each [N] fp32. The vocabulary is walked in tiles of

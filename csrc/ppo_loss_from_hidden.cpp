@@ -47,12 +47,7 @@ std::vector<at::Tensor> ppo_loss_from_hidden(const at::Tensor& hidden, const at:
         const int64_t r = r0 + i;
         TORCH_CHECK(yp[r] >= 0 && yp[r] < v, "targets[", r, "]=", yp[r], " is outside [0, ", v, ")");
         float* row = zp + i * v;
-        float mx = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : mx)
-        for (int64_t j = 0; j < v; ++j) {
-          row[j] *= inv_temp;
-          mx = std::max(mx, row[j]);
-        }
+        const float mx = scale_row_max(row, v, inv_temp);
         double sum = 0.0;
         for (int64_t c0 = 0; c0 < v; c0 += 1024) {
           const int64_t c1 = std::min(v, c0 + 1024);
