@@ -39,6 +39,32 @@ inline float scale_row_max(float* row, int64_t len, float inv_temp) {
   return mx;
 }
 
+// One token of the dual-clipped PPO loss (Appendix B.4, Eq. 29-31) for token weight w = m / (|B| (M_b + eps)):
+// its weighted loss, its weighted d loss / d logp, and which branch it took (counted for supervised tokens only).
+// Ties take the unclipped branch and keep l_clip; clip() passes gradient on its closed interval (as torch.clamp).
+struct PPOToken {
+  float loss, grad;
+  bool clipped, dual;
+};
+
+inline PPOToken ppo_token(float logp, float logp_old, float logp_teacher, float w, float lo_clip, float hi_clip,
+                          float kappa) {
+  const bool sup = w > 0.f;
+  const float adv = sup ? logp_teacher - logp_old : 0.f;
+  const float log_ratio = logp - logp_old;
+  const float ratio = fast_exp(std::min(std::max(log_ratio, -20.f), 20.f));
+  const float unclipped = -adv * ratio;
+  const float clipped = -adv * std::min(std::max(ratio, lo_clip), hi_clip);
+  const bool take_clipped = clipped > unclipped;
+  const float l_clip = take_clipped ? clipped : unclipped;
+  const bool take_dual = (adv < 0.f) & (l_clip > -kappa * adv);
+  const bool in_clip = (ratio >= lo_clip) & (ratio <= hi_clip);
+  const bool in_range = (log_ratio >= -20.f) & (log_ratio <= 20.f);
+  const bool no_grad = (take_clipped & !in_clip) | take_dual | !in_range;
+  return {(take_dual ? -kappa * adv : l_clip) * w, no_grad ? 0.f : -adv * ratio * w, sup & take_clipped,
+          sup & take_dual};
+}
+
 // Fused log-prob gather, forward: (logp, lse, entropy), each [N] fp32. The vocabulary is walked in tiles of
 // `tile` rows of the LM head: one [N, tile] fp32 block is alive at a time, never [N, V].
 std::vector<at::Tensor> logprob_gather_forward(const at::Tensor& hidden, const at::Tensor& weight,

@@ -1,5 +1,5 @@
 // Dual-clipped PPO token loss on the CPU (Appendix B.4, Eq. 29-32): one OpenMP-parallel, SIMD pass for the loss,
-// d loss / d logp and the clip counts. Same branch rules as kernels/ppo_loss.py.
+// d loss / d logp and the clip counts (ppo_token in ops.h; the same branch rules as kernels/ppo_loss.py).
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -21,7 +21,7 @@ std::vector<at::Tensor> ppo_loss_forward(const at::Tensor& logp, const at::Tenso
   float* pg = grad.data_ptr<float>();
   const float lo_clip = static_cast<float>(1.0 - clip_eps), hi_clip = static_cast<float>(1.0 + clip_eps);
   const float kappa = static_cast<float>(dual_clip);
-  // Blocks of kBlock tokens: a branch-free, vectorized inner loop with float partial sums (exact for the counts),
+  // Blocks of kBlock tokens: a branch-free inner loop (gcc does not vectorize it yet) with float partial sums (exact for the counts),
   // accumulated in double across blocks and threads.
   constexpr int64_t kBlock = 2048;
   const int64_t num_blocks = (n + kBlock - 1) / kBlock;
@@ -32,22 +32,11 @@ std::vector<at::Tensor> ppo_loss_forward(const at::Tensor& logp, const at::Tenso
     float block_loss = 0.f, block_clipped = 0.f, block_dual = 0.f;
 #pragma omp simd reduction(+ : block_loss, block_clipped, block_dual)
     for (int64_t j = begin; j < end; ++j) {
-      const bool sup = pw[j] > 0.f;
-      const float adv = sup ? pt[j] - po[j] : 0.f;
-      const float log_ratio = p[j] - po[j];
-      const float ratio = fast_exp(std::min(std::max(log_ratio, -20.f), 20.f));
-      const float unclipped = -adv * ratio;
-      const float clipped = -adv * std::min(std::max(ratio, lo_clip), hi_clip);
-      const bool take_clipped = clipped > unclipped;  // ties take the unclipped branch
-      const float l_clip = take_clipped ? clipped : unclipped;
-      const bool take_dual = (adv < 0.f) & (l_clip > -kappa * adv);  // ties keep l_clip
-      const bool in_clip = (ratio >= lo_clip) & (ratio <= hi_clip);
-      const bool in_range = (log_ratio >= -20.f) & (log_ratio <= 20.f);
-      const bool no_grad = (take_clipped & !in_clip) | take_dual | !in_range;
-      pg[j] = no_grad ? 0.f : -adv * ratio * pw[j];
-      block_loss += (take_dual ? -kappa * adv : l_clip) * pw[j];
-      block_clipped += (sup & take_clipped) ? 1.f : 0.f;
-      block_dual += (sup & take_dual) ? 1.f : 0.f;
+      const PPOToken tok = ppo_token(p[j], po[j], pt[j], pw[j], lo_clip, hi_clip, kappa);
+      pg[j] = tok.grad;
+      block_loss += tok.loss;
+      block_clipped += tok.clipped ? 1.f : 0.f;
+      block_dual += tok.dual ? 1.f : 0.f;
     }
     loss += block_loss;
     n_clipped += block_clipped;

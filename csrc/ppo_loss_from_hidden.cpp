@@ -59,23 +59,11 @@ std::vector<at::Tensor> ppo_loss_from_hidden(const at::Tensor& hidden, const at:
         const float lse = mx + static_cast<float>(std::log(sum));
         const float logp_r = row[yp[r]] - lse;
         lp[r] = logp_r;
-        // The PPO token loss and its gradient, with the rules of ppo_loss.cpp.
-        const bool sup = pw[r] > 0.f;
-        const float adv = sup ? pt[r] - po[r] : 0.f;
-        const float log_ratio = logp_r - po[r];
-        const float ratio = fast_exp(std::min(std::max(log_ratio, -20.f), 20.f));
-        const float unclipped = -adv * ratio;
-        const float clipped = -adv * std::min(std::max(ratio, lo_clip), hi_clip);
-        const bool take_clipped = clipped > unclipped;
-        const float l_clip = take_clipped ? clipped : unclipped;
-        const bool take_dual = adv < 0.f && l_clip > -kappa * adv;
-        const bool in_clip = ratio >= lo_clip && ratio <= hi_clip;
-        const bool in_range = log_ratio >= -20.f && log_ratio <= 20.f;
-        const bool no_grad = (take_clipped && !in_clip) || take_dual || !in_range;
-        const float g = no_grad ? 0.f : -adv * ratio * pw[r];
-        row_loss[i] = static_cast<double>(take_dual ? -kappa * adv : l_clip) * pw[r];
-        row_clipped[i] = (sup && take_clipped) ? 1.0 : 0.0;
-        row_dual[i] = (sup && take_dual) ? 1.0 : 0.0;
+        const PPOToken tok = ppo_token(logp_r, po[r], pt[r], pw[r], lo_clip, hi_clip, kappa);
+        row_loss[i] = tok.loss;
+        row_clipped[i] = tok.clipped ? 1.0 : 0.0;
+        row_dual[i] = tok.dual ? 1.0 : 0.0;
+        const float g = tok.grad;
         // G = (g / tau)(onehot(y) - p), in place.
         const float gs = g * inv_temp;
 #pragma omp simd

@@ -37,12 +37,9 @@ def scienceworld_splits(train_types: list[str], max_variations: dict[str, int]
     """(training tasks, evaluation tasks) as Appendix C.1 defines them.
 
     Args:
-        train_types: the trained task types.
+        train_types: the trained task types (validated by ``ScienceWorldConfig``).
         max_variations: number of variations of every task type (from the simulator).
     """
-    unknown = sorted(set(train_types) - set(TASK_TYPES))
-    if unknown:
-        raise ValueError(f"train_types={unknown}: not ScienceWorld task types")
     missing = sorted(set(TASK_TYPES) - set(max_variations))
     if missing:
         raise ValueError(f"max_variations: no count for {missing}")
