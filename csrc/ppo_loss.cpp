@@ -21,8 +21,8 @@ std::vector<at::Tensor> ppo_loss_forward(const at::Tensor& logp, const at::Tenso
   float* pg = grad.data_ptr<float>();
   const float lo_clip = static_cast<float>(1.0 - clip_eps), hi_clip = static_cast<float>(1.0 + clip_eps);
   const float kappa = static_cast<float>(dual_clip);
-  // Blocks of kBlock tokens: a branch-free inner loop (gcc does not vectorize it yet) with float partial sums (exact for the counts),
-  // accumulated in double across blocks and threads.
+  // Blocks of kBlock tokens: a branch-free inner loop (gcc does not vectorize it yet) with float partial sums
+  // (exact for the counts), accumulated in double across blocks and threads.
   constexpr int64_t kBlock = 2048;
   const int64_t num_blocks = (n + kBlock - 1) / kBlock;
   double loss = 0.0, n_clipped = 0.0, n_dual = 0.0;
