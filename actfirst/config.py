@@ -123,6 +123,36 @@ class ScienceWorldConfig:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
+class ALFWorldConfig:
+    """ALFWorld as Appendix C.1 sets it up: $ALFWORLD_DATA's json_2.1.1 splits when set, else generated games."""
+
+    max_turns: int = 30
+    generated_dir: str = "runs/alfworld_games"
+    """Where generated games go when $ALFWORLD_DATA is not set."""
+    games_per_type: int = 10
+    """Generated games per task type and split."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        _check(self.games_per_type >= 1, "games_per_type", self.games_per_type, "must be >= 1")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class WebShopConfig:
+    """WebShop as Appendix C.1 sets it up (goals 0-4095 train, 4096-4195 evaluation; 15-turn limit)."""
+
+    max_turns: int = 15
+    num_products: int | None = None
+    """Products loaded by WebShop (None: the full catalog, as the paper uses)."""
+
+    def __post_init__(self) -> None:
+        _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        _check(self.num_products is None or self.num_products >= 1, "num_products", self.num_products,
+               "must be >= 1 or null")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
 class RolloutSpeedupConfig:
     """The rollout-efficiency experiment (paper Sec. 5.4, Appendix C.5, Table 8, Figure 3a/b)."""
 

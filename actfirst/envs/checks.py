@@ -1,4 +1,4 @@
-"""Transition consistency checks (paper Sec. 4.2, Appendix B.5) for ALFWorld and ScienceWorld.
+"""Transition consistency checks (paper Sec. 4.2, Appendix B.5) for ALFWorld, ScienceWorld and WebShop.
 
 After a reference-conditioned fast action executes, the check decides whether the observed transition matches the
 reference one; the first failure disables reference guidance for the rest of the rollout (the NAP fallback).
@@ -121,3 +121,82 @@ def scienceworld_check(*, action: str, admissible: Iterable[str], done: bool, re
     if normalize_set(next_templates) != normalize_set(ref_next_templates):
         return CheckResult(False, "action templates mismatch")
     return PASSED
+
+
+# -- WebShop ------------------------------------------------------------------------------------------------------
+
+_ACTION = re.compile(r"^\s*(search|click)\[(.*)\]\s*$", re.DOTALL | re.IGNORECASE)
+_CLICK_NOTIFICATION = "you have clicked "
+_RESULTS_MARKER = "total results:"
+
+
+def parse_webshop_action(action: str) -> tuple[str, str] | None:
+    """``("search", query)`` or ``("click", target)`` from ``search[...]``/``click[...]`` text, else None."""
+    match = _ACTION.match(action)
+    if match is None:
+        return None
+    return match.group(1).lower(), match.group(2).strip()
+
+
+def webshop_action_valid(action: str, *, has_search_bar: bool, clickables: Iterable[str]) -> bool:
+    """B.5: a search is valid with a nonempty query and a search bar; a click is valid when its lowercased target
+    is among the current clickable elements."""
+    parsed = parse_webshop_action(action)
+    if parsed is None:
+        return False
+    kind, arg = parsed
+    if kind == "search":
+        return bool(arg) and has_search_bar
+    return arg.lower() in {c.lower() for c in clickables}
+
+
+def normalize_webshop_observation(text: str) -> str:
+    """B.5 normalization with click-notification lines ("You have clicked ...") removed; the instruction block is
+    kept (its removal applies only to the reference shown in the inverse-dynamics prompt)."""
+    return "\n".join(line for line in normalize_text(text).split("\n") if not line.startswith(_CLICK_NOTIFICATION))
+
+
+def _sorted_actions(clickables: Iterable[str], has_search_bar: bool) -> list[str]:
+    return sorted([normalize_text(c) for c in clickables] + (["search[<query>]"] if has_search_bar else []))
+
+
+def is_search_results(observation: str) -> bool:
+    """Whether a WebShop page is a search-results page ("Page 1 (Total results: 50)")."""
+    return _RESULTS_MARKER in normalize_text(observation)
+
+
+def webshop_check(*, action: str, has_search_bar: bool, clickables: Iterable[str], done: bool, ref_done: bool,
+                  next_observation: str, ref_next_observation: str, next_clickables: Iterable[str],
+                  ref_next_clickables: Iterable[str], next_has_search_bar: bool, ref_next_has_search_bar: bool,
+                  ref_action: str, ref_following_action: str | None, after_search_mismatch: bool = False
+                  ) -> CheckResult:
+    """WebShop (B.5). Valid action; termination flags agree; normalized next observations equal (click
+    notifications removed) and, for non-terminal transitions, the sorted available-action lists equal.
+
+    The search-results exception: non-terminal search-results pages may differ when both the student's and the
+    reference's actions are searches (or, at the next turn, ``after_search_mismatch``: the previous transition
+    passed through this exception) and the product of the reference's immediately following click
+    (``ref_following_action``) is clickable for the student. Such a pass is reported as
+    ``reason="search-results mismatch allowed"``; the caller passes ``after_search_mismatch`` for the next turn.
+    """
+    next_clickables = list(next_clickables)
+    if not webshop_action_valid(action, has_search_bar=has_search_bar, clickables=clickables):
+        return CheckResult(False, "invalid action")
+    if done != ref_done:
+        return CheckResult(False, "termination mismatch")
+    same_observation = normalize_webshop_observation(next_observation) == normalize_webshop_observation(
+        ref_next_observation)
+    if done:
+        return PASSED if same_observation else CheckResult(False, "observation mismatch")
+    same_actions = (_sorted_actions(next_clickables, next_has_search_bar)
+                    == _sorted_actions(ref_next_clickables, ref_next_has_search_bar))
+    if same_observation and same_actions:
+        return PASSED
+    both_searches = (parse_webshop_action(action) or ("",))[0] == "search" == (
+        parse_webshop_action(ref_action) or ("",))[0]
+    following = parse_webshop_action(ref_following_action or "")
+    if ((both_searches or after_search_mismatch) and is_search_results(next_observation)
+            and is_search_results(ref_next_observation) and following is not None and following[0] == "click"
+            and following[1].lower() in {c.lower() for c in next_clickables}):
+        return CheckResult(True, "search-results mismatch allowed")
+    return CheckResult(False, "observation mismatch" if not same_observation else "available actions mismatch")

@@ -1,0 +1,131 @@
+"""ALFWorld behind ``TextEnv`` (Appendix C.1), played through TextWorld's PDDL engine as ALFWorld plays it.
+
+Tasks come from ``$ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}`` when the user has the download, and
+otherwise from games generated offline by ``actfirst.envs.alfworld_games``. Admissible actions exclude help; a
+turn limit (30) truncates the episode; success is the game's won flag, score 100 or 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from actfirst.envs.base import TextEnv, Transition
+from actfirst.envs.checks import normalize_set, normalize_text
+
+SPLITS = ("train", "valid_seen", "valid_unseen")
+_HEADER = "-= Welcome to TextWorld, ALFRED! =-"
+_TASK = "Your task is to: "
+
+
+@dataclasses.dataclass(frozen=True, slots=True, order=True)
+class ALFWorldTask:
+    """One ALFWorld game: its ``game.tw-pddl`` file and ALFRED task type."""
+
+    game_file: str
+    task_type: str
+
+
+def _read_task(game_file: Path) -> ALFWorldTask | None:
+    traj = game_file.parent / "traj_data.json"
+    if not traj.exists():
+        return None
+    if not json.loads(game_file.read_text()).get("solvable"):
+        return None
+    return ALFWorldTask(str(game_file), json.loads(traj.read_text())["task_type"])
+
+
+def alfworld_tasks(root: str | Path) -> list[ALFWorldTask]:
+    """Every solvable game under ``root`` (ALFWorld's own filter: movable-receptacle and sliced tasks skipped)."""
+    tasks = []
+    for game_file in sorted(Path(root).rglob("game.tw-pddl")):
+        if "movable" in str(game_file.parent) or "Sliced" in str(game_file.parent):
+            continue
+        task = _read_task(game_file)
+        if task is not None:
+            tasks.append(task)
+    return tasks
+
+
+def alfworld_split(split: str, generated_dir: str | Path | None = None, per_type: int = 10,
+                   seed: int = 0) -> list[ALFWorldTask]:
+    """The tasks of ``split``: ``$ALFWORLD_DATA/json_2.1.1/<split>`` when that folder exists, else generated games.
+
+    (alfworld sets ``$ALFWORLD_DATA`` to ``~/.cache/alfworld`` on import, so the variable alone does not mean the
+    games were downloaded: the folder decides.) Without the download, ``generated_dir`` receives ``per_type``
+    generated games of each task type per split (distinct seeds per split; valid_unseen in rooms the other splits
+    never use).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r}: not one of {SPLITS}")
+    data = os.environ.get("ALFWORLD_DATA", "")
+    if data and (Path(data) / "json_2.1.1" / split).is_dir():
+        return alfworld_tasks(Path(data) / "json_2.1.1" / split)
+    if generated_dir is None:
+        raise ValueError(f"generated_dir=None: no downloaded games at ALFWORLD_DATA={data!r} (json_2.1.1/{split}), "
+                         f"so games must be generated somewhere")
+    from actfirst.envs.alfworld_games import generate_split
+
+    generate_split(Path(generated_dir) / split, per_type, seed=seed * len(SPLITS) + SPLITS.index(split),
+                   unseen=split == "valid_unseen")
+    return alfworld_tasks(Path(generated_dir) / split)
+
+
+def walkthrough(task: ALFWorldTask) -> list[str]:
+    """The planner's solution stored in the game file (ALFWorld's "walkthrough"; empty when absent)."""
+    return list(json.loads(Path(task.game_file).read_text()).get("walkthrough") or [])
+
+
+def split_intro(feedback: str) -> tuple[str, str]:
+    """(first observation, task description) from ALFWorld's intro text (header dropped)."""
+    text = feedback.replace(_HEADER, "").strip()
+    cut = text.rfind(_TASK)
+    if cut < 0:
+        return text, ""
+    return text[:cut].strip(), text[cut + len(_TASK):].strip()
+
+
+class ALFWorldTextEnv(TextEnv):
+    """One TextWorld PDDL environment, loading a game per reset."""
+
+    benchmark = "alfworld"
+
+    def __init__(self, max_turns: int = 30):
+        import textworld
+        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
+        from textworld.envs import PddlEnv
+
+        self.max_turns = max_turns
+        infos = textworld.EnvInfos(admissible_commands=True, won=True)
+        self._env = AlfredDemangler(PddlEnv(infos), shuffle=False)
+        self._admissible: tuple[str, ...] = ()
+        self._turn = 0
+        self._task_description = ""
+        self._loaded = ""
+
+    def reset(self, task: ALFWorldTask) -> Transition:
+        if task.game_file != self._loaded:  # parsing a game's domain and grammar takes about a second
+            self._env.load(task.game_file)
+            self._loaded = task.game_file
+        state = self._env.reset()
+        self._turn = 0
+        observation, self._task_description = split_intro(state["feedback"])
+        return self._transition(state, observation, done=False, valid=True)
+
+    def step(self, action: str) -> Transition:
+        valid = normalize_text(action) in normalize_set(self._admissible)
+        state, _, done = self._env.step(action)
+        self._turn += 1
+        return self._transition(state, state["feedback"], done=bool(done), valid=valid)
+
+    def _transition(self, state, observation: str, *, done: bool, valid: bool) -> Transition:
+        self._admissible = tuple(a for a in state["admissible_commands"] if normalize_text(a) != "help")
+        won = bool(state["won"])
+        return Transition(observation=observation.strip(), admissible=self._admissible, score=100.0 if won else 0.0,
+                          done=done, won=won, valid=valid, turn=self._turn, truncated=self._finish(self._turn, done),
+                          task_description=self._task_description)
+
+    def close(self) -> None:
+        self._env.close()

@@ -1,0 +1,58 @@
+"""ScienceWorld behind the environment interface, on the real simulator (easy preset)."""
+
+import pytest
+
+from actfirst.envs.checks import normalize_text
+from actfirst.envs.scienceworld_env import ScienceWorldTextEnv
+from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+
+TASK = ScienceWorldTask("find-non-living-thing", 0)
+
+
+@pytest.fixture(scope="module")
+def env():
+    env = ScienceWorldTextEnv(max_turns=30)
+    yield env
+    env.close()
+
+
+def test_reset_gives_prompt_and_validation_information(env):
+    first = env.reset(TASK)
+    assert first.observation.startswith("This room is called the hallway.")
+    assert first.task_description.startswith("Your task is to find a(n) non-living thing.")
+    assert "look around" in first.admissible and len(first.admissible) > 50  # full list, for validation
+    assert "go OBJ" in first.templates and "focus on OBJ" in first.templates  # templates, for the prompt
+    assert "kitchen" in first.objects
+    assert first.turn == 0 and not first.finished and first.valid
+
+
+def test_gold_path_succeeds_with_score_and_validity(env):
+    gold = env.gold_path(TASK)
+    env.reset(TASK)
+    steps = [env.step(a) for a in gold]
+    # The easy preset's gold path starts with a no-op "open door" that is not admissible: invalid, still a turn.
+    assert [s.valid for s in steps] == [not a.startswith("open door") for a in gold]
+    assert [s.turn for s in steps] == list(range(1, len(gold) + 1))
+    assert steps[-1].done and steps[-1].won and steps[-1].score == 100.0
+    assert all(a.score <= b.score for a, b in zip(steps, steps[1:]))
+
+
+def test_score_is_the_best_reached_and_never_negative(env):
+    env.reset(ScienceWorldTask("find-living-thing", 0))
+    reached = env.step("go to kitchen").score
+    assert reached > 0
+    wrong = env.step("focus on table")  # focusing on the wrong object ends the episode with -100 in ScienceWorld
+    assert wrong.done and not wrong.won
+    assert wrong.score == reached  # the highest score reached, clipped to [0, 100]
+
+
+def test_turn_limit_truncates(tmp_path):
+    env = ScienceWorldTextEnv(max_turns=2)
+    try:
+        env.reset(TASK)
+        assert not env.step("look around").finished
+        last = env.step("xyzzy")
+        assert not last.valid and last.truncated and not last.done
+        assert normalize_text(last.observation)  # the simulator answered an unknown command
+    finally:
+        env.close()

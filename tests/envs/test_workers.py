@@ -1,0 +1,125 @@
+"""Environment worker processes: results, failures, restarts and clean shutdown, with real ScienceWorld JVMs.
+
+Faults are injected by killing real processes (SIGKILL, SIGINT), not by test doubles.
+"""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+from actfirst.envs.workers import EnvError, EnvPool, EnvSpec, EnvWorker, WorkerDied
+
+TASK = ScienceWorldTask("find-non-living-thing", 0)
+
+
+def alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids, timeout=15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+@pytest.fixture
+def worker():
+    worker = EnvWorker(EnvSpec("scienceworld"))
+    worker.start()
+    yield worker
+    worker.close()
+
+
+def test_worker_runs_the_environment_and_its_jvm(worker):
+    pids = worker.pids()
+    assert len(pids) >= 2 and any("java" in psutil.Process(p).name() for p in pids[1:])
+    first = worker.reset(TASK)
+    assert first.observation.startswith("This room is called the hallway.")
+    assert worker.step("go to kitchen").observation == "You move to the kitchen."
+    assert worker.memory_bytes() > 100 * 2**20
+
+
+def test_dead_worker_fails_the_episode_with_a_reason_and_is_restarted(worker):
+    worker.reset(TASK)
+    old = worker.pids()
+    os.kill(old[0], signal.SIGKILL)
+    with pytest.raises(WorkerDied, match=r"died \(signal 9\); restarted as \d+"):
+        worker.step("go to kitchen")
+    assert worker.restarts == 1 and worker.pid != old[0]
+    assert wait_gone(old) == []  # its JVM went with it
+    assert worker.reset(TASK).turn == 0  # the restarted worker serves the next episode
+
+
+def test_environment_errors_keep_the_worker(worker):
+    with pytest.raises(EnvError, match="Traceback"):
+        worker.call("no_such_method")
+    assert worker.restarts == 0 and worker.reset(TASK).turn == 0
+
+
+def test_async_calls_never_block_the_loop():
+    async def main(workers):
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        tick = asyncio.create_task(ticker())
+        firsts = await asyncio.gather(*(w.areset(TASK) for w in workers))
+        steps = await asyncio.gather(*(w.astep(a) for w, a in zip(workers, ["go to kitchen", "look around"])))
+        os.kill(workers[0].pid, signal.SIGKILL)
+        died = await asyncio.gather(workers[0].astep("look around"), return_exceptions=True)
+        tick.cancel()
+        return ticks, firsts, steps, died[0]
+
+    with EnvPool(EnvSpec("scienceworld"), 2) as pool:
+        ticks, firsts, steps, died = asyncio.run(main(pool.workers))
+        assert all(f.turn == 0 for f in firsts) and [s.turn for s in steps] == [1, 1]
+        assert steps[0].observation == "You move to the kitchen."
+        assert isinstance(died, WorkerDied) and pool.workers[0].restarts == 1
+        assert ticks >= 20  # the loop kept running while the workers loaded tasks (about 1 s)
+        pids = [p for w in pool.workers for p in w.pids()]
+    assert wait_gone(pids) == []  # closing the pool leaves nothing behind
+
+
+SCRIPT = textwrap.dedent("""
+    import sys, time
+    from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+    from actfirst.envs.workers import EnvPool, EnvSpec
+
+    if __name__ == "__main__":
+        with EnvPool(EnvSpec("scienceworld"), 2) as pool:
+            for w in pool.workers:
+                w.reset(ScienceWorldTask("find-non-living-thing", 0))
+            print(" ".join(str(p) for w in pool.workers for p in w.pids()), flush=True)
+            time.sleep(300)
+""")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "parent-killed"])
+def test_no_worker_or_jvm_outlives_the_parent(tmp_path, sig):
+    script = tmp_path / "pool.py"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) >= 4 and all(alive(p) for p in pids)  # two workers and their two JVMs
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        assert wait_gone(pids) == []
+    finally:
+        proc.kill()

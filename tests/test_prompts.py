@@ -1,0 +1,137 @@
+"""Prompts (Appendix B.1) against the paper's own text, and history management (Appendix B.2)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from actfirst.envs.base import Transition
+from actfirst.models.tokenizers import build_qwen3_tokenizer
+from actfirst.prompts import TEMPLATES, Mode, Step, build_prompt, render
+
+PAPER = next((Path(__file__).parents[2] / "shared" / "papers").glob("000_*.txt"))
+SECTIONS = {"alfworld": "#### ALFWorld.", "webshop": "#### WebShop.", "scienceworld": "#### ScienceWorld."}
+FIRST_LINE = {"alfworld": "You are an expert agent", "webshop": "You are an expert autonomous agent",
+              "scienceworld": "Your ScienceWorld task is"}
+MODES = (Mode.FULL_RESPONSE, Mode.NEXT_ACTION, Mode.INVERSE_DYNAMICS)
+
+
+def paper_templates(benchmark):
+    """The three B.1 templates of ``benchmark`` as printed in the paper (which lost its whitespace)."""
+    lines = PAPER.read_text().splitlines()
+    start = lines.index(SECTIONS[benchmark]) + 1
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("#"))
+    templates = []
+    for line in lines[start:end]:
+        if line.startswith(FIRST_LINE[benchmark]):
+            templates.append([])
+        if line.strip():
+            templates[-1].append(line)
+    assert len(templates) == 3
+    return ["".join(t) for t in templates]
+
+
+def squeeze(text):
+    return re.sub(r"\s+", "", text)
+
+
+@pytest.mark.parametrize("benchmark", sorted(TEMPLATES))
+def test_templates_are_the_papers_word_for_word(benchmark):
+    for mode, paper in zip(MODES, paper_templates(benchmark)):
+        head, with_history, _, tail = TEMPLATES[benchmark][mode]
+        ours = (head + with_history + tail).replace("{{", "{").replace("}}", "}")
+        assert squeeze(ours) == squeeze(paper), (benchmark, mode)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_qwen3_tokenizer()
+
+
+CURRENT = {
+    "alfworld": Transition(observation="You arrive at countertop 1. On the countertop 1, you see a mug 1.",
+                           admissible=("go to fridge 1", "take mug 1 from countertop 1"), score=0, done=False,
+                           won=False, task_description="put a clean mug in countertop."),
+    "scienceworld": Transition(observation="This room is called the kitchen.", admissible=("look around",), score=0,
+                               done=False, won=False, task_description="Your task is to boil water.",
+                               templates=("look around", "go to LOC"), objects=("kitchen", "pot")),
+    "webshop": Transition(observation="WebShop [SEP] Instruction: [SEP] red shirt [SEP] Search", admissible=(),
+                          score=0, done=False, won=False, task_description="red shirt", has_search_bar=True),
+}
+
+
+@pytest.mark.parametrize("benchmark", sorted(TEMPLATES))
+@pytest.mark.parametrize("mode", MODES)
+def test_render_fills_every_field(benchmark, mode):
+    current = CURRENT[benchmark]
+    history = [Step("obs one", "act one"), Step("obs two", "act two")]
+    ref = "REFERENCE NEXT" if mode is Mode.INVERSE_DYNAMICS else None
+    text = render(benchmark, mode, task_description=current.task_description, history=history, step_count=5,
+                  current=current, reference_next_observation=ref)
+    assert "{" not in text.replace("{'", "") and "}" not in text
+    assert current.observation in text and current.task_description in text
+    assert "already taken 5 step(s)" in text and "step 6" in text and "recent 2 observations" in text
+    # Steps are numbered from the start of the episode: the kept pairs are steps 4 and 5.
+    assert "[Observation 4: 'obs one', Action 4: 'act one']" in text
+    assert ("<think>" in text) == (mode is Mode.FULL_RESPONSE)
+    assert ("REFERENCE NEXT" in text) == (mode is Mode.INVERSE_DYNAMICS)
+    if benchmark == "alfworld":
+        assert "'go to fridge 1', 'take mug 1 from countertop 1'" in text
+    elif benchmark == "scienceworld":
+        assert "[look around, go to LOC]" in text and "[kitchen, pot]" in text
+    else:
+        assert "'search[<your query>]'" in text
+    no_history = render(benchmark, mode, task_description="t", history=[], step_count=0, current=current,
+                        reference_next_observation=ref)
+    assert "Prior to this step" not in no_history and current.observation in no_history
+
+
+def test_reference_only_for_inverse_dynamics():
+    with pytest.raises(ValueError, match="reference_next_observation"):
+        render("alfworld", Mode.NEXT_ACTION, task_description="t", history=[], step_count=0,
+               current=CURRENT["alfworld"], reference_next_observation="x")
+    with pytest.raises(ValueError, match="reference_next_observation"):
+        render("alfworld", Mode.INVERSE_DYNAMICS, task_description="t", history=[], step_count=0,
+               current=CURRENT["alfworld"])
+    with pytest.raises(ValueError, match="benchmark='nope'"):
+        render("nope", Mode.NEXT_ACTION, task_description="t", history=[], step_count=0, current=CURRENT["alfworld"])
+
+
+def test_history_drops_oldest_pairs_until_the_prompt_fits(tokenizer):
+    current = CURRENT["alfworld"]
+    history = [Step(f"observation number {i} " + "word " * 20, f"go to cabinet {i}") for i in range(1, 9)]
+    stored = list(history)
+    full = build_prompt(tokenizer, "alfworld", Mode.NEXT_ACTION, task_description="put a mug in fridge.",
+                        history=history, current=current, budget_tokens=10_000)
+    assert full.history_kept == 8
+    budget = len(full.token_ids) - 40  # room for about 5 of the 8 pairs
+    fitted = build_prompt(tokenizer, "alfworld", Mode.NEXT_ACTION, task_description="put a mug in fridge.",
+                          history=history, current=current, budget_tokens=budget)
+    assert 0 < fitted.history_kept < 8 and len(fitted.token_ids) <= budget
+    kept = history[8 - fitted.history_kept:]
+    assert all(s.action in fitted.text for s in kept)  # the most recent pairs are kept ...
+    assert "go to cabinet 1'" not in fitted.text  # ... the oldest dropped
+    one_more = render("alfworld", Mode.NEXT_ACTION, task_description="put a mug in fridge.",
+                      history=history[8 - fitted.history_kept - 1:], step_count=8, current=current)
+    n_one_more = len(tokenizer.apply_chat_template([{"role": "user", "content": one_more}],
+                                                   add_generation_prompt=True, tokenize=True, return_dict=False))
+    assert n_one_more > budget  # and it is the longest suffix that fits
+    assert history == stored
+    assert fitted.token_ids == tokenizer.apply_chat_template([{"role": "user", "content": fitted.text}],
+                                                             add_generation_prompt=True, tokenize=True,
+                                                             return_dict=False)
+
+
+def test_no_history_template_and_never_shortening_the_rest(tokenizer):
+    current = CURRENT["scienceworld"]
+    history = [Step("o " * 50, "look around")] * 3
+    bare = build_prompt(tokenizer, "scienceworld", Mode.INVERSE_DYNAMICS, task_description="boil water",
+                        history=[], current=current, budget_tokens=10_000, reference_next_observation="R " * 30)
+    fitted = build_prompt(tokenizer, "scienceworld", Mode.INVERSE_DYNAMICS, task_description="boil water",
+                          history=history, current=current, budget_tokens=len(bare.token_ids),
+                          reference_next_observation="R " * 30)
+    assert fitted.history_kept == 0 and fitted.text == bare.text
+    assert "Your current observation is" in fitted.text and ("R " * 30).strip() in fitted.text
+    with pytest.raises(ValueError, match="budget_tokens=10"):
+        build_prompt(tokenizer, "scienceworld", Mode.INVERSE_DYNAMICS, task_description="boil water",
+                     history=history, current=current, budget_tokens=10, reference_next_observation="R")
