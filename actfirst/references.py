@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from actfirst.envs.base import Transition
+from actfirst.envs.checks import CheckResult, alfworld_check, scienceworld_check, webshop_check
 from actfirst.envs.workers import EnvSpec, EnvWorker, WorkerDied
 
 
@@ -49,6 +50,29 @@ class Reference:
     @property
     def score(self) -> float:
         return self.transitions[-1].score
+
+    def check(self, benchmark: str, t: int, *, action: str, current: Transition, next: Transition,
+              after_search_mismatch: bool = False) -> CheckResult:
+        """The transition check (B.5) of the student's turn ``t`` (0-based: from o_{t+1} by ``action`` to
+        ``next``) against this reference's turn ``t``. Past the reference's last action there is nothing to
+        match: the check fails with reason "reference exhausted"."""
+        if t >= len(self.actions):
+            return CheckResult(False, "reference exhausted")
+        ref = self.transitions[t + 1]
+        common = dict(action=action, done=next.done, ref_done=ref.done, next_observation=next.observation,
+                      ref_next_observation=ref.observation)
+        if benchmark == "alfworld":
+            return alfworld_check(**common, admissible=current.admissible, next_admissible=next.admissible,
+                                  ref_next_admissible=ref.admissible)
+        if benchmark == "scienceworld":
+            return scienceworld_check(**common, admissible=current.admissible, next_templates=next.templates,
+                                      ref_next_templates=ref.templates)
+        following = self.actions[t + 1] if t + 1 < len(self.actions) else None
+        return webshop_check(**common, has_search_bar=current.has_search_bar, clickables=current.admissible,
+                             next_clickables=next.admissible, ref_next_clickables=ref.admissible,
+                             next_has_search_bar=next.has_search_bar, ref_next_has_search_bar=ref.has_search_bar,
+                             ref_action=self.actions[t], ref_following_action=following,
+                             after_search_mismatch=after_search_mismatch)
 
     def to_json(self) -> str:
         return json.dumps({"task": self.task, "actions": self.actions, "source": self.source,

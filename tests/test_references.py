@@ -58,6 +58,28 @@ def test_scienceworld_cache_covers_every_task_and_replays(sw_cache):
         env.close()
 
 
+def test_replaying_a_reference_passes_every_check_and_a_detour_fails(sw_cache):
+    refs = load_references(sw_cache)
+    env = ScienceWorldTextEnv()
+    try:
+        for key, ref in refs.items():
+            task_type, variation = key.split("/")
+            current = env.reset(ScienceWorldTask(task_type, int(variation)))
+            for t, action in enumerate(ref.actions):
+                nxt = env.step(action)
+                assert ref.check("scienceworld", t, action=action, current=current, next=nxt).passed, (key, t)
+                current = nxt
+            assert ref.check("scienceworld", len(ref.actions), action="look around", current=current,
+                             next=current).reason == "reference exhausted"
+        ref = refs["lifespan-longest-lived/0"]
+        current = env.reset(ScienceWorldTask("lifespan-longest-lived", 0))
+        detour = env.step("look around")
+        assert ref.check("scienceworld", 0, action="look around", current=current,
+                         next=detour).reason == "observation mismatch"
+    finally:
+        env.close()
+
+
 def test_shortest_candidate_is_selected(sw_cache):
     ref = load_references(sw_cache)["find-non-living-thing/0"]
     assert "look around" not in ref.actions and len(ref.actions) <= 3
@@ -105,6 +127,8 @@ def test_alfworld_refuses_partial_then_resumes_with_candidates(alf_games, tmp_pa
         assert [normalize_text(t.observation) for t in replayed] == [normalize_text(t.observation)
                                                                      for t in ref.transitions]
         assert [set(t.admissible) for t in replayed] == [set(t.admissible) for t in ref.transitions]
+        for t, action in enumerate(ref.actions):
+            assert ref.check("alfworld", t, action=action, current=replayed[t], next=replayed[t + 1]).passed
     finally:
         env.close()
 

@@ -120,6 +120,8 @@ class EnvWorker:
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
         self._children: list[int] = []
+        self._busy = False
+        self._pending = False  # a reply is owed (a cancelled acall leaves one behind; the next call drains it)
 
     @property
     def pid(self) -> int | None:
@@ -172,11 +174,13 @@ class EnvWorker:
             status, payload = self._conn.recv()
         except (EOFError, OSError):
             self._died()
+        self._pending = False
         if status == "error":
             raise EnvError(f"{self.spec.benchmark} environment error in worker {self.pid}:\n{payload}")
         return payload
 
     def _died(self) -> None:
+        self._pending = False
         self._proc.join(timeout=5)
         code = self._proc.exitcode
         reason = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
@@ -186,22 +190,40 @@ class EnvWorker:
         self.start()
         raise WorkerDied(f"{self.spec.benchmark} worker {pid} died ({reason}); restarted as {self.pid}")
 
-    def call(self, method: str, *args: Any) -> Any:
-        """Run ``env.<method>(*args)`` in the worker and return its result."""
+    def _send(self, method: str, args: tuple) -> None:
+        if self._busy:
+            raise RuntimeError(f"{self.spec.benchmark} worker {self.pid}: one call at a time (a worker plays one "
+                               f"episode)")
         self.start()
+        if self._pending:  # the reply to a cancelled call
+            try:
+                self._receive()
+            except EnvError:
+                pass
         try:
             self._conn.send((method, args))
         except (BrokenPipeError, OSError):
             self._died()
+        self._pending = True
+
+    def call(self, method: str, *args: Any) -> Any:
+        """Run ``env.<method>(*args)`` in the worker and return its result."""
+        self._send(method, args)
         return self._receive()
 
     async def acall(self, method: str, *args: Any) -> Any:
         """``call`` from the asyncio loop: waits on the pipe and the process sentinel, never blocks the loop."""
-        self.start()
+        self._send(method, args)
+        self._busy = True
         try:
-            self._conn.send((method, args))
-        except (BrokenPipeError, OSError):
+            await self._wait_readable()
+        finally:
+            self._busy = False
+        if not self._conn.poll(0):
             self._died()
+        return self._receive()
+
+    async def _wait_readable(self) -> None:
         loop = asyncio.get_running_loop()
         ready = loop.create_future()
 
@@ -217,9 +239,6 @@ class EnvWorker:
         finally:
             for fd in fds:
                 loop.remove_reader(fd)
-        if not self._conn.poll(0):
-            self._died()
-        return self._receive()
 
     def reset(self, task: Any):
         return self.call("reset", task)

@@ -68,6 +68,29 @@ def test_environment_errors_keep_the_worker(worker):
     assert worker.restarts == 0 and worker.reset(TASK).turn == 0
 
 
+def test_a_cancelled_call_does_not_shift_replies(worker):
+    async def main():
+        call = asyncio.create_task(worker.areset(ScienceWorldTask("boil", 0)))
+        await asyncio.sleep(0.05)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        first = await worker.areset(TASK)  # must be this call's reply, not the cancelled one's
+        return first, await worker.astep("go to kitchen")
+
+    first, nxt = asyncio.run(main())
+    assert first.task_description.startswith("Your task is to find a(n) non-living thing")
+    assert nxt.observation == "You move to the kitchen." and nxt.turn == 1
+
+
+def test_one_call_at_a_time(worker):
+    async def main():
+        return await asyncio.gather(worker.areset(TASK), worker.areset(TASK), return_exceptions=True)
+
+    first, second = asyncio.run(main())
+    assert first.turn == 0 and isinstance(second, RuntimeError) and "one call at a time" in str(second)
+
+
 def test_async_calls_never_block_the_loop():
     async def main(workers):
         ticks = 0
