@@ -119,13 +119,13 @@ async def replay(worker: EnvWorker, task: Any, actions: Sequence[str]) -> tuple[
     return executed, transitions
 
 
-async def shorten(benchmark: str, worker: EnvWorker, task: Any, actions: list[str]) -> list[str]:
-    """Drop actions one at a time (from the end, each tried once) while the replay still succeeds (C.2)."""
+async def shorten(worker: EnvWorker, task: Any, actions: list[str]) -> list[str]:
+    """Drop actions one at a time (from the end, each tried once) while the replay still succeeds (C.2;
+    ScienceWorld, through its fast success-only replay)."""
     i = len(actions) - 1
     while i >= 0:
         trial = actions[:i] + actions[i + 1:]
-        _, transitions = await replay(worker, task, trial)
-        if _succeeded(benchmark, transitions):
+        if await worker.acall("succeeds", task, trial):
             actions = trial
         i -= 1
     return actions
@@ -169,7 +169,7 @@ async def build_one(benchmark: str, worker: EnvWorker, task: Any, candidates: li
             if _succeeded(benchmark, trial_transitions):
                 executed, transitions = trial, trial_transitions
         if shorten_candidates:
-            executed = await shorten(benchmark, worker, task, executed)
+            executed = await shorten(worker, task, executed)
             executed, transitions = await replay(worker, task, executed)
             if not _succeeded(benchmark, transitions):
                 continue

@@ -47,6 +47,21 @@ class ScienceWorldTextEnv(TextEnv):
         self._env.reset()
         return list(self._env.get_gold_action_sequence())
 
+    def succeeds(self, task: ScienceWorldTask, actions: list[str]) -> bool:
+        """Whether ``actions`` from a reset of ``task`` end the episode with success, through the simulator's own
+        step only (without the admissible list, the templates and the free look/inventory calls a ``Transition``
+        needs: about 15x faster; used to shorten references)."""
+        self._env.load(task.task_type, task.variation, self.simplification)
+        self._env.reset()
+        server, best = self._env.server, 0.0
+        for action in actions:
+            server.step(action)
+            score = int(round(100 * server.getScore()))  # as ScienceWorldEnv.step computes it
+            best = max(best, min(100.0, float(score)))
+            if server.getCompleted() or score < 0:
+                return best >= SUCCESS_SCORE
+        return False
+
     def reset(self, task: ScienceWorldTask) -> Transition:
         self._env.load(task.task_type, task.variation, self.simplification)
         observation, info = self._env.reset()

@@ -78,9 +78,13 @@ def _worker_main(conn, spec: EnvSpec) -> None:
             if method == "close":
                 return
             try:
-                conn.send(("ok", getattr(env, method)(*args)))
+                reply = ("ok", getattr(env, method)(*args))
             except Exception:
-                conn.send(("error", traceback.format_exc()))
+                reply = ("error", traceback.format_exc())
+            try:
+                conn.send(reply)
+            except (BrokenPipeError, OSError):  # the parent is gone
+                return
     finally:
         env.close()
 
