@@ -120,11 +120,13 @@ def test_async_calls_never_block_the_loop():
 
 
 SCRIPT = textwrap.dedent("""
-    import sys, time
+    import signal, time
     from actfirst.envs.scienceworld_tasks import ScienceWorldTask
     from actfirst.envs.workers import EnvPool, EnvSpec
 
     if __name__ == "__main__":
+        # Ctrl-C as in a terminal, even when the test runs in a background job (which starts with SIGINT ignored).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         with EnvPool(EnvSpec("scienceworld"), 2) as pool:
             for w in pool.workers:
                 w.reset(ScienceWorldTask("find-non-living-thing", 0))
