@@ -182,13 +182,30 @@ def build_prompt(tokenizer, benchmark: str, mode: Mode, *, task_description: str
     """Render the request with as much recent history as fits ``budget_tokens`` after the chat template (B.2).
 
     The stored ``history`` is not modified. Raises ``ValueError`` when even the no-history prompt does not fit.
+    Dropping the oldest pair one at a time until the prompt fits keeps the longest suffix that fits; since a
+    shorter suffix never needs more tokens, that suffix is found by bisection (about log2(len(history)) + 1
+    tokenizations instead of one per dropped pair).
     """
-    for start in range(len(history) + 1):
+    def attempt(start: int) -> Prompt:
         text = render(benchmark, mode, task_description=task_description, history=history[start:],
                       step_count=len(history), current=current, reference_next_observation=reference_next_observation)
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True, return_dict=False)
-        if len(ids) <= budget_tokens:
-            return Prompt(list(ids), text, len(history) - start)
-    raise ValueError(f"budget_tokens={budget_tokens}: the {benchmark} {mode.value} prompt without history needs "
-                     f"{len(ids)} tokens (current observation, admissible actions and reference are never shortened)")
+        return Prompt(list(ids), text, len(history) - start)
+
+    best = attempt(0)
+    if len(best.token_ids) <= budget_tokens:
+        return best
+    lo, hi, best = 0, len(history), attempt(len(history))  # invariant: start lo does not fit, start hi does
+    if len(best.token_ids) > budget_tokens:
+        raise ValueError(f"budget_tokens={budget_tokens}: the {benchmark} {mode.value} prompt without history needs "
+                         f"{len(best.token_ids)} tokens (current observation, admissible actions and reference are "
+                         f"never shortened)")
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        prompt = attempt(mid)
+        if len(prompt.token_ids) <= budget_tokens:
+            hi, best = mid, prompt
+        else:
+            lo = mid
+    return best

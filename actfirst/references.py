@@ -189,17 +189,10 @@ def training_tasks(benchmark: str, args: argparse.Namespace) -> list[Any]:
     from actfirst.config import ALFWorldConfig, ScienceWorldConfig, load_config
 
     if benchmark == "scienceworld":
-        from scienceworld import ScienceWorldEnv
-
-        from actfirst.envs.scienceworld_tasks import TASK_TYPES, scienceworld_splits
+        from actfirst.envs.scienceworld_tasks import scienceworld_max_variations, scienceworld_splits
 
         cfg = load_config(ScienceWorldConfig, _config_path(benchmark, args.config))
-        env = ScienceWorldEnv("", envStepLimit=10)
-        try:
-            max_variations = {t: env.get_max_variations(t) for t in TASK_TYPES}
-        finally:
-            env.close()
-        train, _ = scienceworld_splits(cfg.train_task_types, max_variations)
+        train, _ = scienceworld_splits(cfg.train_task_types, scienceworld_max_variations())
         if args.task_types:
             unknown = sorted(set(args.task_types) - set(cfg.train_task_types))
             if unknown:
@@ -228,6 +221,12 @@ def load_references(path: str | Path, allow_partial: bool = False) -> dict[str, 
     return {r.task: r for r in refs}
 
 
+def _write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 async def _build(args: argparse.Namespace) -> int:
     benchmark = args.benchmark
     tasks = training_tasks(benchmark, args)
@@ -250,6 +249,7 @@ async def _build(args: argparse.Namespace) -> int:
                     done[json.loads(line)["task"]] = line
                 except json.JSONDecodeError:  # a line cut by an interruption
                     pass
+        _write_atomically(partial, "".join(line + "\n" for line in done.values()))  # the cut line goes
         print(f"resuming: {len(done)} of {len(tasks)} tasks already in {partial}")
     todo = [t for t, k in zip(tasks, keys) if k not in done]
     failed: dict[str, str] = {}
@@ -301,11 +301,8 @@ async def _build(args: argparse.Namespace) -> int:
               f"{out} not written. Add candidates (--candidates) and rerun to resume from {partial}, or pass "
               f"--allow-partial to publish a partial cache.", file=sys.stderr)
         return 2
-    tmp = Path(f"{out}.tmp")
-    tmp.write_text("".join(done[k] + "\n" for k in covered))
-    Path(f"{out}.meta.json.tmp").write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, out)
-    os.replace(f"{out}.meta.json.tmp", f"{out}.meta.json")
+    _write_atomically(Path(f"{out}.meta.json"), json.dumps(meta, indent=1))
+    _write_atomically(out, "".join(done[k] + "\n" for k in covered))
     partial.unlink(missing_ok=True)
     print(f"wrote {out} ({len(covered)} references){' PARTIAL' if meta['coverage'] < 1.0 else ''}")
     return 0

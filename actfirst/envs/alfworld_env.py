@@ -124,7 +124,7 @@ class ALFWorldTextEnv(TextEnv):
         self._admissible = tuple(a for a in state["admissible_commands"] if normalize_text(a) != "help")
         won = bool(state["won"])
         return Transition(observation=observation.strip(), admissible=self._admissible, score=100.0 if won else 0.0,
-                          done=done, won=won, valid=valid, turn=self._turn, truncated=self._finish(self._turn, done),
+                          done=done, won=won, valid=valid, turn=self._turn, truncated=self._truncated(self._turn, done),
                           task_description=self._task_description)
 
     def close(self) -> None:

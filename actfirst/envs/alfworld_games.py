@@ -201,19 +201,16 @@ def _start_location(rng: random.Random, scene: _Scene) -> str:
 
 
 def replay_wins(game_file: str | Path, commands: list[str]) -> bool:
-    """Whether ``commands`` win ``game_file`` when played through TextWorld as ALFWorld plays it."""
-    import textworld
-    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
-    from textworld.envs import PddlEnv
+    """Whether ``commands`` win ``game_file`` when played as the ALFWorld environment plays it."""
+    from actfirst.envs.alfworld_env import ALFWorldTask, ALFWorldTextEnv
 
-    env = AlfredDemangler(PddlEnv(textworld.EnvInfos(won=True)))
+    env = ALFWorldTextEnv(max_turns=len(commands) + 1)
     try:
-        env.load(str(game_file))
-        env.reset()
+        env.reset(ALFWorldTask(str(game_file), task_type=""))
         for command in commands:
-            state, _, done = env.step(command)
-            if done:
-                return bool(state["won"])
+            transition = env.step(command)
+            if transition.done:
+                return transition.won
         return False
     finally:
         env.close()

@@ -71,6 +71,6 @@ class TextEnv(abc.ABC):
     def close(self) -> None:
         """Release the simulator (JVM, game process)."""
 
-    def _finish(self, turn: int, done: bool) -> bool:
+    def _truncated(self, turn: int, done: bool) -> bool:
         """Whether the turn limit truncates this step's episode."""
         return not done and turn >= self.max_turns

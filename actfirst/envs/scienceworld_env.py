@@ -80,7 +80,7 @@ class ScienceWorldTextEnv(TextEnv):
         self._admissible = tuple(info["valid"])
         return Transition(observation=observation, admissible=self._admissible, score=self._best, done=done,
                           won=self._best >= SUCCESS_SCORE, valid=valid, turn=self._turn,
-                          truncated=self._finish(self._turn, done), task_description=self._task_description,
+                          truncated=self._truncated(self._turn, done), task_description=self._task_description,
                           templates=tuple(self._env.get_possible_actions()),
                           objects=tuple(self._env.get_possible_objects()))
 

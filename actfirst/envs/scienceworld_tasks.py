@@ -32,6 +32,17 @@ class ScienceWorldTask:
     variation: int
 
 
+def scienceworld_max_variations() -> dict[str, int]:
+    """Number of variations of every task type, read from the simulator (starts and stops one JVM)."""
+    from scienceworld import ScienceWorldEnv
+
+    env = ScienceWorldEnv("", envStepLimit=10)
+    try:
+        return {t: env.get_max_variations(t) for t in TASK_TYPES}
+    finally:
+        env.close()
+
+
 def scienceworld_splits(train_types: list[str], max_variations: dict[str, int]
                         ) -> tuple[list[ScienceWorldTask], list[ScienceWorldTask]]:
     """(training tasks, evaluation tasks) as Appendix C.1 defines them.

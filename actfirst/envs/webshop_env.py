@@ -104,14 +104,15 @@ class WebShopTextEnv(TextEnv):
         observation, reward, done, _ = self._env.step(action)
         self._turn += 1
         if done:
-            self._score = parse_score(observation) if parse_score(observation) is not None else 100.0 * reward
+            page_score = parse_score(observation)
+            self._score = page_score if page_score is not None else 100.0 * reward
         return self._transition(observation, done=bool(done), valid=valid)
 
     def _transition(self, observation: str, *, done: bool, valid: bool) -> Transition:
         self._available = self._env.get_available_actions()
         return Transition(observation=observation, admissible=tuple(c.lower() for c in self._available["clickables"]),
                           score=self._score, done=done, won=self._score >= SUCCESS_SCORE, valid=valid,
-                          turn=self._turn, truncated=self._finish(self._turn, done),
+                          turn=self._turn, truncated=self._truncated(self._turn, done),
                           task_description=self._instruction, has_search_bar=bool(self._available["has_search_bar"]))
 
     def close(self) -> None:

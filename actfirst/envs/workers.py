@@ -189,7 +189,7 @@ class EnvWorker:
         code = self._proc.exitcode
         reason = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
         pid = self.pid
-        self._cleanup()
+        self._cleanup(self._children)
         self.restarts += 1
         self.start()
         raise WorkerDied(f"{self.spec.benchmark} worker {pid} died ({reason}); restarted as {self.pid}")
@@ -256,15 +256,18 @@ class EnvWorker:
     async def astep(self, action: str):
         return await self.acall("step", action)
 
-    def _cleanup(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-        _kill(self._children + _descendants(self._proc.pid) if self._proc.is_alive() else self._children)
+    def _cleanup(self, children: list[int]) -> None:
+        """Forget the process after killing it (if still alive) and ``children``."""
+        self._conn.close()
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(5)
+        _kill(children)
         self._proc = self._conn = None
         self._children = []
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the worker: ask it to close its environment, then terminate and kill what is left."""
+        """Stop the worker: ask it to close its environment, then kill what is left (its JVM included)."""
         if self._proc is None:
             return
         _LIVE.discard(self)
@@ -274,11 +277,7 @@ class EnvWorker:
         except (BrokenPipeError, OSError):
             pass
         self._proc.join(timeout)
-        if self._proc.is_alive():
-            self._proc.kill()
-            self._proc.join(5)
-        self._children = children
-        self._cleanup()
+        self._cleanup(children)
 
 
 class EnvPool:
