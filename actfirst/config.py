@@ -109,12 +109,15 @@ class ScienceWorldConfig:
 
     train_task_types: list[str]
     """The 17 trained task types (the paper does not name them; see configs/envs/scienceworld.yaml)."""
-    simplification: Literal["easy"] = "easy"
+    simplification: str = "easy"
+    """The simulator's simplifications, comma-separated ("easy": all of them, as the paper uses; "": none)."""
     max_turns: int = 30
 
     def __post_init__(self) -> None:
-        from actfirst.envs.scienceworld_tasks import TASK_TYPES
+        from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
 
+        unknown = [s for s in self.simplification.split(",") if s and s not in SIMPLIFICATIONS]
+        _check(not unknown, "simplification", self.simplification, f"{unknown} not among {list(SIMPLIFICATIONS)}")
         unknown = [t for t in self.train_task_types if t not in TASK_TYPES]
         _check(not unknown, "train_task_types", unknown, "not ScienceWorld task types")
         _check(len(set(self.train_task_types)) == len(self.train_task_types), "train_task_types",
@@ -200,6 +203,173 @@ class RolloutSpeedupConfig:
         _check(need <= self.engine.max_model_len, "full_response_tokens", self.full_response_tokens,
                f"context_tokens[1] + full response = {need} exceeds engine.max_model_len={self.engine.max_model_len}")
         _check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
+
+
+STRATEGIES = ("vanilla", "actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100")
+"""Rollout strategies: Vanilla OPD (think-then-act), ActFirst-OPD, and the ablations of Sec. 5.3."""
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class ThinkingBudgetConfig:
+    """Budgeted decoding of full responses (Appendix B.3) and the action-only decoding of fast actions."""
+
+    first_stage: int = 384
+    """Training: token limit of the first request."""
+    total: int = 512
+    """Training: limit on the whole response (sampled plus inserted tokens)."""
+    eval_first_stage: int = 1920
+    eval_total: int = 2048
+    second_stage: int = 128
+    """Limit of the second request, within what the total leaves."""
+    fast_action_tokens: int = 512
+    """Action-only requests stop at </action> or this many tokens (Appendix C.5)."""
+
+    def __post_init__(self) -> None:
+        for name in ("first_stage", "total", "eval_first_stage", "eval_total", "second_stage", "fast_action_tokens"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        _check(self.first_stage <= self.total, "first_stage", self.first_stage, f"must be <= total={self.total}")
+        _check(self.eval_first_stage <= self.eval_total, "eval_first_stage", self.eval_first_stage,
+               f"must be <= eval_total={self.eval_total}")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class RolloutConfig:
+    """How a rollout batch is collected (Sec. 4, Sec. 5.3, Appendix B.2-B.3)."""
+
+    strategy: Literal["vanilla", "actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100"] = "actfirst"
+    """``vanilla``: think-then-act (Vanilla OPD); ``actfirst``: ActFirst-OPD; ``no_id``: w/o ID; ``no_nap``: w/o NAP
+    fallback; ``ref_prefix_50`` / ``ref_prefix_100``: Reference-Prefix Replay (Sec. 5.3)."""
+    batch_tasks: int = 16
+    """Tasks per rollout batch (Sec. 5.1: 16); one environment worker each."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_prompt_tokens: int = 3072
+    """Prompt budget after the chat template (B.2: the oldest history pairs are dropped until the prompt fits)."""
+    budget: ThinkingBudgetConfig = dataclasses.field(default_factory=ThinkingBudgetConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.batch_tasks >= 1, "batch_tasks", self.batch_tasks, "must be >= 1")
+        _check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
+        _check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        _check(self.max_prompt_tokens >= 1, "max_prompt_tokens", self.max_prompt_tokens, "must be >= 1")
+
+    @property
+    def uses_references(self) -> bool:
+        """Whether the strategy reads the reference cache (everything but ``vanilla`` and ``no_id``)."""
+        return self.strategy not in ("vanilla", "no_id")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class OptimConfig:
+    """The student's optimizer. The paper's Table 6 values did not survive in our copy of the paper; these
+    defaults are the usual ones for OPD of Qwen3 students (AdamW, constant learning rate, clip 1.0)."""
+
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    """Gradient-norm clip (0: off)."""
+    warmup_updates: int = 0
+    """Linear warm-up over this many updates, then ``schedule``."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    min_lr_ratio: float = 0.0
+    """Cosine: the final learning rate as a fraction of ``lr``."""
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "lr", self.lr, "must be > 0")
+        _check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "must be in [0, 1)")
+        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0")
+        _check(self.warmup_updates >= 0, "warmup_updates", self.warmup_updates, "must be >= 0")
+        _check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class LossConfig:
+    """The dual-clipped PPO token loss (Appendix B.4, Eq. 29-32); the log-ratio clamp [-20, 20] is fixed."""
+
+    clip_eps: float = 0.2
+    """delta."""
+    dual_clip: float = 3.0
+    """kappa."""
+    eps: float = 1e-8
+    """epsilon of the seq-mean-token-mean normalization (Eq. 32)."""
+
+    def __post_init__(self) -> None:
+        _check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")
+        _check(self.dual_clip > 1, "dual_clip", self.dual_clip, "must be > 1")
+        _check(self.eps > 0, "eps", self.eps, "must be > 0")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class TrainConfig:
+    """One OPD training run: benchmark, student engine, teacher, rollouts, update (Sec. 5.1, Appendix B-C)."""
+
+    benchmark: Literal["alfworld", "scienceworld", "webshop"]
+    alfworld: ALFWorldConfig | None = None
+    scienceworld: ScienceWorldConfig | None = None
+    webshop: WebShopConfig | None = None
+    """The benchmark's environment section (only the one ``benchmark`` names; absent: configs/envs/<name>.yaml)."""
+    student: EngineConfig
+    """The student: its Hugging Face directory and the in-process vLLM engine serving it."""
+    teacher: str
+    """The frozen teacher's Hugging Face directory (same tokenizer as the student)."""
+    teacher_dtype: Literal["bfloat16", "float16", "float32"] = "float32"
+    train_dtype: Literal["bfloat16", "float32"] = "float32"
+    """The student's parameters in the trainer (the engine keeps ``student.dtype``)."""
+    references: str | None = None
+    """Reference cache (JSONL of ``python -m actfirst.references build``); required by the strategies that use it."""
+    train_tasks: int = 0
+    """Use only the first N training tasks (0: all)."""
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    num_updates: int = 250
+    batch_samples: int = 64
+    """Full responses per update (Sec. 5.1: optimization batches of 64)."""
+    num_minibatches: int = 1
+    """Optimizer steps per update: the batch is split into this many mini-batches."""
+    micro_batch_tokens: int = 8192
+    """Tokens per forward/backward pass (gradient accumulation over micro-batches)."""
+    overlap: bool = False
+    """Collect the next rollout batch while the update runs (weights enter the engine between rollout batches)."""
+    probe_contexts: int = 8
+    """Fixed contexts on which the teacher-minus-student gap is tracked (0: off)."""
+    probe_every: int = 1
+    """Updates between two probe measurements."""
+    seed: int = 0
+    out_dir: str = "runs/train"
+
+    def __post_init__(self) -> None:
+        for name in ("alfworld", "scienceworld", "webshop"):
+            _check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
+                   f"set, but benchmark={self.benchmark!r}")
+        _check(Path(self.teacher).is_dir(), "teacher", self.teacher, "is not a directory")
+        if self.rollout.uses_references:
+            _check(self.references is not None, "references", self.references,
+                   f"rollout.strategy={self.rollout.strategy!r} needs a reference cache")
+        if self.references is not None:
+            _check(Path(self.references).is_file(), "references", self.references, "is not a file")
+        for name in ("num_updates", "batch_samples", "num_minibatches", "micro_batch_tokens", "probe_every"):
+            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        for name in ("train_tasks", "probe_contexts"):
+            _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+        _check(self.batch_samples % self.num_minibatches == 0, "num_minibatches", self.num_minibatches,
+               f"must divide batch_samples={self.batch_samples}")
+        _check(self.scheduler.b_max <= self.student.max_num_seqs, "scheduler.b_max", self.scheduler.b_max,
+               f"must not exceed student.max_num_seqs={self.student.max_num_seqs}")
+        need = self.rollout.max_prompt_tokens + self.rollout.budget.total
+        _check(need <= self.student.max_model_len, "rollout.max_prompt_tokens", self.rollout.max_prompt_tokens,
+               f"+ rollout.budget.total={self.rollout.budget.total} exceeds student.max_model_len="
+               f"{self.student.max_model_len}")
+        _check(self.micro_batch_tokens >= need, "micro_batch_tokens", self.micro_batch_tokens,
+               f"must hold one sample (max_prompt_tokens + budget.total = {need})")
+
+    @property
+    def env_config(self) -> ALFWorldConfig | ScienceWorldConfig | WebShopConfig | None:
+        """The benchmark's environment section (None: its default file)."""
+        return getattr(self, self.benchmark)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ if shutil.which("nvidia-smi") is None:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from actfirst.config import ModelConfig  # noqa: E402
+from actfirst.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from actfirst.engine.core import ActFirstEngine  # noqa: E402
 from actfirst.models.factory import build_model  # noqa: E402
 
 
@@ -38,3 +39,11 @@ def alfworld_games(tmp_path_factory):
     root = tmp_path_factory.mktemp("alfworld") / "train"
     generate_split(root, per_type=1, seed=0)
     return alfworld_tasks(root)
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_model_dir):
+    """One real in-process vLLM engine for every test that needs one (vLLM starts once per process)."""
+    cfg = EngineConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=1024, max_num_seqs=64,
+                       max_num_batched_tokens=4096, kv_cache_gib=1)
+    return ActFirstEngine.from_config(cfg, SchedulerConfig(b_max=8))

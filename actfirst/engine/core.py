@@ -78,6 +78,10 @@ class ActFirstEngine:
         self.weight_version = 0
         self.records: list[RequestRecord] = []
         self.num_steps = 0
+        self.num_generated_tokens = 0
+        """Tokens vLLM generated, kept or not (a requeue at a weight update discards some)."""
+        self.num_discarded_tokens = 0
+        """Generated tokens thrown away by ``update_weights`` (their requests restart under the new weights)."""
         self.peak_in_flight = 0
         """Most requests vLLM held at once (never above b_max: vLLM sees only admitted requests)."""
         self._requests: dict[str, Request] = {}  # unfinished, by engine request id
@@ -141,6 +145,8 @@ class ActFirstEngine:
         Requests in flight are requeued and restart under the new weights (see the module docstring); the
         prefix cache is reset so that no KV computed under old weights is reused.
         """
+        self.num_discarded_tokens += sum(r.num_generated for r in self.scheduler.running.values())
+        self.num_discarded_tokens += sum(r.num_generated for r in self.scheduler.waiting)  # paused by preemption
         requeued = self.scheduler.requeue_all()
         self.vllm.abort(r.engine_request_id for r in requeued)
         for request in requeued:
@@ -212,6 +218,7 @@ class ActFirstEngine:
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # output of an attempt that was preempted or requeued
             request.output_token_ids += out.new_token_ids
+            self.num_generated_tokens += len(out.new_token_ids)
             request.output_logprobs += out.new_logprobs
             stopped = request.num_preemptions > 0 and self._stop_across_resume(request)
             if stopped:

@@ -1,0 +1,132 @@
+"""Padding-free micro-batches: whole samples packed into one row, each attending only to itself.
+
+A sample's tokens are its context c_b followed by every response token x_b (sampled and inserted: inserted tokens
+stay in the context, B.4), so the state at row index i scores token i + 1 under c_{b,j} = c_b + x_{b,<j}
+(Sec. 3, Eq. 3). Samples are never split: a forward over x_b needs its whole context.
+
+Isolation comes from ``position_ids`` that restart at 0 for every sample, with no attention mask and no KV cache.
+Transformers (``masking_utils.find_packed_sequence_indices``) then turns each restart into a sequence boundary and
+builds a block-diagonal causal mask (sdpa, eager, flex), and the flash-attention paths derive varlen ``cu_seqlens``
+from the same restarts; RoPE sees each sample's own positions. Other attention implementations get no mask from
+transformers, so :func:`final_hidden` refuses them for rows holding more than one sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from actfirst.train.sample import Sample
+
+# The attention implementations whose masks honour position_ids restarts (transformers 5.x masking_utils).
+PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
+                     "flash_attention_4")
+
+
+@dataclasses.dataclass(slots=True)
+class MicroBatch:
+    """One packed row and its supervised positions (one entry per response token of its samples)."""
+
+    input_ids: torch.Tensor
+    """[T] int64: each sample's context_ids + response_ids, concatenated."""
+    position_ids: torch.Tensor
+    """[T] int64, restarting at 0 for every sample."""
+    positions: torch.Tensor
+    """[N] int64: row index whose final hidden state scores the token at index + 1."""
+    targets: torch.Tensor
+    """[N] int64: input_ids[positions + 1], the response tokens."""
+    mask: torch.Tensor
+    """[N] float32: the samples' loss_mask (1 sampled, 0 inserted)."""
+    logp_old: torch.Tensor
+    """[N] float32: log pi_old (the sampling log-probs)."""
+    logp_teacher: torch.Tensor | None
+    """[N] float32: log pi_teacher, when the samples were scored."""
+    sample_idx: torch.Tensor
+    """[N] int64: each token's sample index in the list given to :func:`pack`."""
+    samples: list[int]
+    """Indices (in the list given to :func:`pack`) of the samples in this row, in row order."""
+
+    @property
+    def num_tokens(self) -> int:
+        return self.input_ids.numel()
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        return dataclasses.replace(self, **{f.name: getattr(self, f.name).to(device)
+                                            for f in dataclasses.fields(self)
+                                            if isinstance(getattr(self, f.name), torch.Tensor)})
+
+
+def _bins(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """First-fit decreasing: sample indices per row, each row at most ``max_tokens`` (a longer sample rides alone)."""
+    loads: list[int] = []
+    bins: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= max_tokens:
+                loads[b] += lengths[i]
+                bins[b].append(i)
+                break
+        else:
+            loads.append(lengths[i])
+            bins.append([i])
+    return [sorted(b) for b in bins]
+
+
+def pack(samples: list[Sample], max_tokens: int) -> list[MicroBatch]:
+    """Pack whole samples into rows of at most ``max_tokens`` tokens (first-fit decreasing, no padding).
+
+    A sample longer than ``max_tokens`` gets a row of its own. Every response token is a supervised position
+    (masked ones carry mask 0). ``logp_teacher`` is filled when every sample has ``teacher_logprobs``.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens!r}: must be >= 1")
+    scored = [s.teacher_logprobs is not None for s in samples]
+    if any(scored) and not all(scored):
+        raise ValueError(f"teacher_logprobs=None for sample {scored.index(False)} while sample {scored.index(True)} "
+                         "is scored: a batch is scored as a whole")
+    for i, s in enumerate(samples):
+        if s.teacher_logprobs is not None and len(s.teacher_logprobs) != len(s.response_ids):
+            raise ValueError(f"teacher_logprobs of sample {i} (task {s.task!r}, turn {s.turn}) has "
+                             f"{len(s.teacher_logprobs)} entries for {len(s.response_ids)} response tokens")
+    out = []
+    for row in _bins([s.num_tokens for s in samples], max_tokens):
+        ids: list[int] = []
+        pos_ids: list[int] = []
+        positions: list[int] = []
+        sample_idx: list[int] = []
+        for i in row:
+            s = samples[i]
+            start = len(ids) + len(s.context_ids)
+            ids += s.context_ids + s.response_ids
+            pos_ids += range(s.num_tokens)
+            positions += range(start - 1, start - 1 + len(s.response_ids))
+            sample_idx += [i] * len(s.response_ids)
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        pos = torch.tensor(positions, dtype=torch.long)
+        targets = input_ids[pos + 1]
+        expected = torch.tensor([t for i in row for t in samples[i].response_ids], dtype=torch.long)
+        assert torch.equal(targets, expected), "packing misaligned: input_ids[positions + 1] != response_ids"
+        teacher = (torch.tensor([x for i in row for x in samples[i].teacher_logprobs], dtype=torch.float32)
+                   if all(scored) else None)
+        out.append(MicroBatch(
+            input_ids=input_ids, position_ids=torch.tensor(pos_ids, dtype=torch.long), positions=pos, targets=targets,
+            mask=torch.tensor([m for i in row for m in samples[i].loss_mask], dtype=torch.float32),
+            logp_old=torch.tensor([x for i in row for x in samples[i].logprobs], dtype=torch.float32),
+            logp_teacher=teacher, sample_idx=torch.tensor(sample_idx, dtype=torch.long), samples=row))
+    return out
+
+
+def final_hidden(model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tensor:
+    """Final normalized hidden states [len(positions), H] of a packed forward in which no sample sees another.
+
+    ``model`` is a Hugging Face causal LM (``model.model`` its decoder). No attention mask and ``use_cache=False``:
+    transformers only detects packing from position_ids when both are absent.
+    """
+    impl = model.config._attn_implementation
+    if len(micro_batch.samples) > 1 and impl not in PACKING_ATTENTION:
+        raise ValueError(f"attn_implementation={impl!r}: packed rows need one of {PACKING_ATTENTION} "
+                         "(others ignore position_ids restarts and would let samples attend to each other)")
+    out = model.model(input_ids=micro_batch.input_ids[None], position_ids=micro_batch.position_ids[None],
+                      use_cache=False)
+    return out.last_hidden_state[0, micro_batch.positions]

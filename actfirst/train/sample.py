@@ -1,0 +1,46 @@
+"""Turn-level samples: one full response y_t = (z_t, a_t) at one visited context c_t (Sec. 3, Appendix B.4)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(slots=True)
+class Sample:
+    """What the teacher scores and the update consumes.
+
+    ``response_ids`` holds every response token in order, sampled and inserted (B.3's early-stop text);
+    ``loss_mask`` is 1 for a sampled token and 0 for an inserted one (B.4: inserted tokens stay in the context but
+    count neither in the loss nor in its normalization); ``logprobs`` is log pi_old of each sampled token (0.0 at
+    inserted positions), from the engine that sampled it, at the sampling temperature.
+    """
+
+    context_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    weight_version: int
+    """The oldest weight version that generated any of its tokens (what the staleness rule reads)."""
+    task: str
+    turn: int
+    """0-based turn of the context in its episode."""
+    strategy: str
+    teacher_logprobs: list[float] | None = None
+    """log pi_teacher of each response token, filled by the teacher scorer."""
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if not (len(self.loss_mask) == len(self.logprobs) == n):
+            raise ValueError(f"response_ids ({n}), loss_mask ({len(self.loss_mask)}) and logprobs "
+                             f"({len(self.logprobs)}) must have one entry per response token")
+        if not self.context_ids:
+            raise ValueError("context_ids=[]: a sample needs its context")
+
+    @property
+    def num_tokens(self) -> int:
+        """Context plus response tokens (what one forward pass over the sample costs)."""
+        return len(self.context_ids) + len(self.response_ids)
+
+    @property
+    def num_supervised(self) -> int:
+        return sum(self.loss_mask)

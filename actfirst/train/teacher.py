@@ -1,0 +1,91 @@
+"""The frozen teacher: log pi_teacher of every response token under the sample's own context (Appendix B.4).
+
+"The frozen teacher scores the generated tokens under the same contexts" (B.4): the advantage of Eq. 29 compares
+teacher and student on identical token ids, so the teacher must share the student's tokenizer; a different one is
+refused when the scorer is built. Scores are at temperature 1 (pi_phi itself), in packed micro-batches, through the
+fused ``logprob_gather`` (never [tokens x vocab] logits).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from actfirst.kernels.dispatch import logprob_gather
+from actfirst.train.packing import final_hidden, pack
+from actfirst.train.sample import Sample
+
+
+def _load_tokenizer(tok: str | Path | PreTrainedTokenizerBase) -> tuple[PreTrainedTokenizerBase, str]:
+    if isinstance(tok, PreTrainedTokenizerBase):
+        return tok, str(tok.name_or_path or "<tokenizer object>")
+    return AutoTokenizer.from_pretrained(str(tok)), str(tok)
+
+
+def _few(items: set) -> str:
+    items = sorted(items, key=repr)
+    return ", ".join(repr(x) for x in items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
+
+
+def tokenizer_differences(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> list[str]:
+    """What differs between two tokenizers: vocabulary (token -> id), added tokens, chat template."""
+    diffs = []
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va != vb:
+        only_a, only_b = set(va) - set(vb), set(vb) - set(va)
+        moved = {t for t in set(va) & set(vb) if va[t] != vb[t]}
+        parts = [f"{len(va)} vs {len(vb)} entries"]
+        parts += [f"only in the first: {_few(only_a)}"] if only_a else []
+        parts += [f"only in the second: {_few(only_b)}"] if only_b else []
+        parts += [f"different ids: {_few(moved)}"] if moved else []
+        diffs.append("vocab (" + "; ".join(parts) + ")")
+    added_a = {(i, t.content, t.special) for i, t in a.added_tokens_decoder.items()}
+    added_b = {(i, t.content, t.special) for i, t in b.added_tokens_decoder.items()}
+    if added_a != added_b:
+        diffs.append(f"added tokens (id, content, special) only in the first: {_few(added_a - added_b) or 'none'}; "
+                     f"only in the second: {_few(added_b - added_a) or 'none'}")
+    if a.chat_template != b.chat_template:
+        diffs.append("chat template")
+    return diffs
+
+
+class TeacherScorer:
+    """Loads the frozen teacher (eval, no gradients) and fills ``Sample.teacher_logprobs`` (B.4)."""
+
+    def __init__(self, model_dir: str | Path, *, student_tokenizer: str | Path | PreTrainedTokenizerBase,
+                 dtype: str = "float32", micro_batch_tokens: int = 8192, device: str | torch.device | None = None
+                 ) -> None:
+        if micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens={micro_batch_tokens!r}: must be >= 1")
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype={dtype!r}: not a torch dtype (e.g. 'float32', 'bfloat16')")
+        self.model_dir = str(model_dir)
+        student_tok, student_name = _load_tokenizer(student_tokenizer)
+        teacher_tok, _ = _load_tokenizer(model_dir)
+        diffs = tokenizer_differences(student_tok, teacher_tok)
+        if diffs:
+            raise ValueError(f"teacher tokenizer ({self.model_dir}) differs from the student's ({student_name}): "
+                             + "; ".join(diffs) + ". The teacher must score the student's exact token ids (B.4).")
+        self.micro_batch_tokens = micro_batch_tokens
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
+        self.model.to(self.device).eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def score(self, samples: list[Sample]) -> None:
+        """Set each sample's ``teacher_logprobs``: log pi_teacher(x_{b,j} | c_{b,j}) at temperature 1, every token."""
+        weight = self.model.get_output_embeddings().weight
+        for i, s in enumerate(samples):
+            bad = [t for t in s.context_ids + s.response_ids if not 0 <= t < weight.shape[0]]
+            if bad:
+                raise ValueError(f"token id {bad[0]} of sample {i} (task {s.task!r}, turn {s.turn}) is outside the "
+                                 f"teacher's vocabulary [0, {weight.shape[0]}) ({self.model_dir})")
+        for s in samples:
+            s.teacher_logprobs = None  # re-scored as a whole
+        for mb in pack(samples, self.micro_batch_tokens):
+            logp, _ = logprob_gather(final_hidden(self.model, mb.to(self.device)), weight, mb.targets.to(self.device))
+            parts = logp.cpu().split([len(samples[i].response_ids) for i in mb.samples])
+            for i, part in zip(mb.samples, parts, strict=True):
+                samples[i].teacher_logprobs = part.tolist()

@@ -1,0 +1,85 @@
+"""TeacherScorer: log pi_teacher against a float64 transformers forward; a different tokenizer is refused."""
+
+import shutil
+
+import pytest
+import torch
+from train_helpers import random_samples
+from transformers import AutoTokenizer, Qwen3ForCausalLM
+
+from actfirst.config import ModelConfig
+from actfirst.models.factory import build_model
+from actfirst.train.teacher import TeacherScorer
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    """A teacher of another size with the student's (env-bpe) tokenizer."""
+    cfg = ModelConfig(tokenizer="env-bpe", hidden_size=96, num_hidden_layers=3, num_attention_heads=3,
+                      num_key_value_heads=1, head_dim=32, intermediate_size=160, seed=7)
+    return build_model(cfg, tmp_path_factory.mktemp("teacher") / "teacher")
+
+
+def reference_logprobs(model_dir, sample):
+    """log_softmax of the logits of a plain float64 forward over the sample alone, at the response tokens."""
+    model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
+    ids = torch.tensor([sample.context_ids + sample.response_ids])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(sample.context_ids) - 1:-1]
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(sample.response_ids)[:, None])[:, 0]
+
+
+@pytest.mark.parametrize("dtype,atol", [("float32", 1e-5), ("float64", 1e-5)])
+def test_scores_match_a_float64_forward(teacher_dir, tiny_model_dir, vocab_size, gen, dtype, atol):
+    scorer = TeacherScorer(teacher_dir, student_tokenizer=tiny_model_dir, dtype=dtype, micro_batch_tokens=48)
+    samples = random_samples(gen, 5, vocab_size, max_context=30, max_response=14, scored=False)
+    scorer.score(samples)
+    worst = 0.0
+    for s in samples:
+        got = torch.tensor(s.teacher_logprobs, dtype=torch.float64)
+        assert got.shape == (len(s.response_ids),)  # every response token, inserted ones too
+        ref = reference_logprobs(teacher_dir, s)
+        worst = max(worst, float((got - ref).abs().max()))
+        torch.testing.assert_close(got, ref, atol=atol, rtol=0)
+    print(f"teacher {dtype}: max |logp - float64 reference| = {worst:.2e}")
+    assert all(p.grad is None and not p.requires_grad for p in scorer.model.parameters())
+    assert not scorer.model.training
+
+
+def test_refuses_another_vocabulary(tiny_model_dir, tmp_path):
+    other = build_model(ModelConfig(tokenizer="env-bpe", env_bpe_vocab_size=400, hidden_size=32,
+                                    num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=32,
+                                    intermediate_size=64), tmp_path / "other")
+    with pytest.raises(ValueError) as err:
+        TeacherScorer(other, student_tokenizer=tiny_model_dir)
+    msg = str(err.value)
+    assert str(other) in msg and str(tiny_model_dir) in msg and "vocab" in msg
+
+
+def test_refuses_an_extra_added_token(tiny_model_dir, tmp_path):
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model_dir, teacher)
+    tok = AutoTokenizer.from_pretrained(teacher)
+    tok.add_tokens(["<extra_tool>"])
+    tok.save_pretrained(teacher)
+    with pytest.raises(ValueError, match=r"added tokens.*<extra_tool>"):
+        TeacherScorer(teacher, student_tokenizer=tiny_model_dir)
+
+
+def test_refuses_another_chat_template(tiny_model_dir, tmp_path):
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_model_dir, teacher)
+    tok = AutoTokenizer.from_pretrained(teacher)
+    tok.chat_template = tok.chat_template + "{# changed #}"
+    tok.save_pretrained(teacher)
+    with pytest.raises(ValueError, match="chat template") as err:
+        TeacherScorer(teacher, student_tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
+    assert "vocab" not in str(err.value)
+
+
+def test_refuses_ids_outside_the_teacher_vocabulary(tiny_model_dir, vocab_size, gen):
+    scorer = TeacherScorer(tiny_model_dir, student_tokenizer=tiny_model_dir)
+    samples = random_samples(gen, 2, vocab_size, scored=False)
+    samples[1].response_ids[0] = 10**6
+    with pytest.raises(ValueError, match="token id 1000000 of sample 1"):
+        scorer.score(samples)
