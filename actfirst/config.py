@@ -363,6 +363,9 @@ class TrainConfig:
         _check(need <= self.student.max_model_len, "rollout.max_prompt_tokens", self.rollout.max_prompt_tokens,
                f"+ rollout.budget.total={self.rollout.budget.total} exceeds student.max_model_len="
                f"{self.student.max_model_len}")
+        # log pi_theta in the update applies the temperature only; vLLM's processed log-probs would include a top-p
+        # renormalization, and the ratio of Eq. 30 would compare two different distributions.
+        _check(self.rollout.top_p == 1.0, "rollout.top_p", self.rollout.top_p, "must be 1.0 for training")
         _check(self.micro_batch_tokens >= need, "micro_batch_tokens", self.micro_batch_tokens,
                f"must hold one sample (max_prompt_tokens + budget.total = {need})")
 

@@ -20,6 +20,7 @@ import enum
 from collections.abc import Sequence
 
 from actfirst.envs.base import Transition
+from actfirst.envs.benchmarks import Benchmark
 
 
 class Mode(enum.Enum):
@@ -106,7 +107,8 @@ _SW_ID = (_REFERENCE.format(terminal="state") + _SW_AVAILABLE
             "Combine an action command with appropriate object(s), then present exactly one action within "
             "<action> </action> tags.")
 
-# (head, with-history block, no-history block, tail) per benchmark and mode.
+# (head, with-history block, no-history block, tail) per benchmark name and mode; the admissible-action fields
+# come from ``Benchmark.prompt_fields``.
 TEMPLATES: dict[str, dict[Mode, tuple[str, str, str, str]]] = {
     "alfworld": {
         Mode.FULL_RESPONSE: (_ALF_HEAD, _ALF_HISTORY, _ALF_NO_HISTORY, _ALF_ADMISSIBLE + _ALF_FULL),
@@ -149,35 +151,23 @@ def format_history(history: Sequence[Step], first_step: int) -> str:
                      for i, s in enumerate(history))
 
 
-def available_actions(benchmark: str, current: Transition) -> dict[str, str]:
-    """The admissible-action fields of ``benchmark``'s templates, from the current transition."""
-    if benchmark == "alfworld":
-        return {"admissible_actions": ", ".join(f"'{a}'" for a in current.admissible)}
-    if benchmark == "webshop":
-        actions = (["search[<your query>]"] if current.has_search_bar else []) + [f"click[{c}]"
-                                                                                  for c in current.admissible]
-        return {"available_actions": ",\n".join(f"'{a}'" for a in actions)}
-    return {"action_templates": ", ".join(current.templates), "objects": ", ".join(current.objects)}
-
-
-def render(benchmark: str, mode: Mode, *, task_description: str, history: Sequence[Step], step_count: int,
+def render(benchmark: Benchmark, mode: Mode, *, task_description: str, history: Sequence[Step], step_count: int,
            current: Transition, reference_next_observation: str | None = None) -> str:
     """The user message for one request. ``history`` is the retained suffix of the stored history;
-    ``step_count`` the number of steps taken so far (the full history length)."""
-    if benchmark not in TEMPLATES:
-        raise ValueError(f"benchmark={benchmark!r}: not one of {sorted(TEMPLATES)}")
+    ``step_count`` the number of steps taken so far (the full history length); ``reference_next_observation`` is
+    shown as given (``Benchmark.reference_observation`` prepares it)."""
     if (mode is Mode.INVERSE_DYNAMICS) != (reference_next_observation is not None):
         raise ValueError(f"reference_next_observation={reference_next_observation!r}: required for inverse "
                          f"dynamics and only there (mode={mode.value})")
-    head, with_history, no_history, tail = TEMPLATES[benchmark][mode]
+    head, with_history, no_history, tail = TEMPLATES[benchmark.name][mode]
     fields = dict(task_description=task_description, current_observation=current.observation,
                   step_count=step_count, current_step=step_count + 1, history_length=len(history),
                   action_history=format_history(history, step_count - len(history) + 1),
-                  reference_next_observation=reference_next_observation, **available_actions(benchmark, current))
+                  reference_next_observation=reference_next_observation, **benchmark.prompt_fields(current))
     return (head + (with_history if history else no_history) + tail).format(**fields)
 
 
-def build_prompt(tokenizer, benchmark: str, mode: Mode, *, task_description: str, history: Sequence[Step],
+def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_description: str, history: Sequence[Step],
                  current: Transition, budget_tokens: int, reference_next_observation: str | None = None) -> Prompt:
     """Render the request with as much recent history as fits ``budget_tokens`` after the chat template (B.2).
 
@@ -198,9 +188,9 @@ def build_prompt(tokenizer, benchmark: str, mode: Mode, *, task_description: str
         return best
     lo, hi, best = 0, len(history), attempt(len(history))  # invariant: start lo does not fit, start hi does
     if len(best.token_ids) > budget_tokens:
-        raise ValueError(f"budget_tokens={budget_tokens}: the {benchmark} {mode.value} prompt without history needs "
-                         f"{len(best.token_ids)} tokens (current observation, admissible actions and reference are "
-                         f"never shortened)")
+        raise ValueError(f"budget_tokens={budget_tokens}: the {benchmark.name} {mode.value} prompt without history "
+                         f"needs {len(best.token_ids)} tokens (current observation, admissible actions and reference "
+                         f"are never shortened)")
     while hi - lo > 1:
         mid = (lo + hi) // 2
         prompt = attempt(mid)

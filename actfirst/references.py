@@ -3,11 +3,12 @@
     python -m actfirst.references build --benchmark scienceworld --out refs/scienceworld.jsonl
     python -m actfirst.references build --benchmark alfworld --out refs/alfworld.jsonl --candidates teacher.jsonl
 
-Candidates per task: the simulator's gold path (ScienceWorld), the planner's walkthrough stored with each game
-(ALFWorld), and any JSONL of candidate action sequences (one ``{"task": <key>, "actions": [...]}`` per line, e.g.
-teacher rollouts; ``<key>`` as ``task_key`` prints it). Every candidate is replayed under the training environment
-configuration; successful replays are kept and the shortest is selected (WebShop: the highest score first, then
-the fewest actions); ScienceWorld candidates are first shortened while their replay still succeeds.
+Candidates per task: the benchmark's own (``Benchmark.candidates``: the simulator's gold path on ScienceWorld, the
+planner's walkthrough stored with each ALFWorld game) and any JSONL of candidate action sequences (one
+``{"task": <key>, "actions": [...]}`` per line, e.g. teacher rollouts; ``<key>`` as ``Benchmark.task_key`` prints
+it). Every candidate is replayed in full under the training environment configuration (``--config``, ``--set``);
+successful replays are kept and the best by ``Benchmark.rank`` is selected (the fewest actions; WebShop: the
+highest score first); ScienceWorld candidates are first shortened while their replay still succeeds.
 
 The cache is JSONL, one line per task, holding the actions and every observation o_1 ... o_{T+1} with the
 per-step information the transition checks need (ALFWorld admissible sets, ScienceWorld action templates, WebShop
@@ -30,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from actfirst.envs.base import Transition
-from actfirst.envs.checks import CheckResult, alfworld_check, scienceworld_check, webshop_check
-from actfirst.envs.workers import EnvSpec, EnvWorker, WorkerDied
+from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, load_benchmark, select_tasks
+from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
 
 
 class PartialCacheError(RuntimeError):
@@ -51,29 +52,6 @@ class Reference:
     def score(self) -> float:
         return self.transitions[-1].score
 
-    def check(self, benchmark: str, t: int, *, action: str, current: Transition, next: Transition,
-              after_search_mismatch: bool = False) -> CheckResult:
-        """The transition check (B.5) of the student's turn ``t`` (0-based: from o_{t+1} by ``action`` to
-        ``next``) against this reference's turn ``t``. Past the reference's last action there is nothing to
-        match: the check fails with reason "reference exhausted"."""
-        if t >= len(self.actions):
-            return CheckResult(False, "reference exhausted")
-        ref = self.transitions[t + 1]
-        common = dict(action=action, done=next.done, ref_done=ref.done, next_observation=next.observation,
-                      ref_next_observation=ref.observation)
-        if benchmark == "alfworld":
-            return alfworld_check(**common, admissible=current.admissible, next_admissible=next.admissible,
-                                  ref_next_admissible=ref.admissible)
-        if benchmark == "scienceworld":
-            return scienceworld_check(**common, admissible=current.admissible, next_templates=next.templates,
-                                      ref_next_templates=ref.templates)
-        following = self.actions[t + 1] if t + 1 < len(self.actions) else None
-        return webshop_check(**common, has_search_bar=current.has_search_bar, clickables=current.admissible,
-                             next_clickables=next.admissible, ref_next_clickables=ref.admissible,
-                             next_has_search_bar=next.has_search_bar, ref_next_has_search_bar=ref.has_search_bar,
-                             ref_action=self.actions[t], ref_following_action=following,
-                             after_search_mismatch=after_search_mismatch)
-
     def to_json(self) -> str:
         return json.dumps({"task": self.task, "actions": self.actions, "source": self.source,
                            "transitions": [t.to_dict() for t in self.transitions]})
@@ -83,28 +61,6 @@ class Reference:
         data = json.loads(line)
         return cls(data["task"], data["actions"], [Transition.from_dict(t) for t in data["transitions"]],
                    data["source"])
-
-
-def task_key(benchmark: str, task: Any) -> str:
-    """The stable name of a task in caches and candidate files."""
-    if benchmark == "scienceworld":
-        return f"{task.task_type}/{task.variation}"
-    if benchmark == "alfworld":
-        return str(Path(task.game_file).parent.name)
-    return str(task.goal_idx)
-
-
-def _slim(benchmark: str, transition: Transition) -> Transition:
-    """What the cache keeps of a transition: ScienceWorld's admissible list and object aliases are not compared
-    by the checks (B.5) and are large, so they are dropped."""
-    if benchmark == "scienceworld":
-        return dataclasses.replace(transition, admissible=(), objects=())
-    return transition
-
-
-def _succeeded(benchmark: str, transitions: Sequence[Transition]) -> bool:
-    last = transitions[-1]
-    return last.done and (last.score > 0 if benchmark == "webshop" else last.won)
 
 
 async def replay(worker: EnvWorker, task: Any, actions: Sequence[str]) -> tuple[list[str], list[Transition]]:
@@ -117,18 +73,6 @@ async def replay(worker: EnvWorker, task: Any, actions: Sequence[str]) -> tuple[
         transitions.append(await worker.astep(action))
         executed.append(action)
     return executed, transitions
-
-
-async def shorten(worker: EnvWorker, task: Any, actions: list[str]) -> list[str]:
-    """Drop actions one at a time (from the end, each tried once) while the replay still succeeds (C.2;
-    ScienceWorld, through its fast success-only replay)."""
-    i = len(actions) - 1
-    while i >= 0:
-        trial = actions[:i] + actions[i + 1:]
-        if await worker.acall("succeeds", task, trial):
-            actions = trial
-        i -= 1
-    return actions
 
 
 def read_candidates(paths: Sequence[str | Path]) -> dict[str, list[tuple[str, list[str]]]]:
@@ -149,66 +93,30 @@ def read_candidates(paths: Sequence[str | Path]) -> dict[str, list[tuple[str, li
     return out
 
 
-async def build_one(benchmark: str, worker: EnvWorker, task: Any, candidates: list[tuple[str, list[str]]],
-                    shorten_candidates: bool) -> Reference | None:
-    """Replay every candidate of ``task``; the selected reference, or None when none succeeds."""
-    if benchmark == "scienceworld":
-        candidates = [("gold", await worker.acall("gold_path", task))] + candidates
-    elif benchmark == "alfworld":
-        from actfirst.envs.alfworld_env import walkthrough
-
-        candidates = [("walkthrough", walkthrough(task))] + candidates
+async def build_one(benchmark: Benchmark, worker: EnvWorker, task: Any, candidates: list[tuple[str, list[str]]],
+                    shorten: bool) -> Reference | None:
+    """Replay the benchmark's own and the given candidates of ``task``; the selected reference, or None when none
+    succeeds. ``shorten``: shorten candidates where the benchmark does (C.2)."""
     best = None
-    for source, actions in candidates:
+    for source, actions in await benchmark.candidates(worker, task) + candidates:
         executed, transitions = await replay(worker, task, actions)
-        if not _succeeded(benchmark, transitions):
+        if not benchmark.accepts_reference(transitions[-1]):
             continue
         valid_only = [a for a, t in zip(executed, transitions[1:]) if t.valid]
         if len(valid_only) < len(executed):  # e.g. ScienceWorld gold paths' "open door" no-ops (B.5 validity)
             trial, trial_transitions = await replay(worker, task, valid_only)
-            if _succeeded(benchmark, trial_transitions):
+            if benchmark.accepts_reference(trial_transitions[-1]):
                 executed, transitions = trial, trial_transitions
-        if shorten_candidates:
-            executed = await shorten(worker, task, executed)
-            executed, transitions = await replay(worker, task, executed)
-            if not _succeeded(benchmark, transitions):
-                continue
-        ref = Reference(task_key(benchmark, task), executed, [_slim(benchmark, t) for t in transitions], source)
-        rank = (-ref.score, len(ref.actions)) if benchmark == "webshop" else (len(ref.actions),)
-        if best is None or rank < best[0]:
-            best = (rank, ref)
-    return best[1] if best else None
-
-
-def _config_path(benchmark: str, path: str | None) -> Path:
-    return Path(path) if path else Path(__file__).parents[1] / "configs" / "envs" / f"{benchmark}.yaml"
-
-
-def training_tasks(benchmark: str, args: argparse.Namespace) -> list[Any]:
-    """The training tasks the cache must cover (from the benchmark's config, narrowed by the CLI flags)."""
-    from actfirst.config import ALFWorldConfig, ScienceWorldConfig, load_config
-
-    if benchmark == "scienceworld":
-        from actfirst.envs.scienceworld_tasks import scienceworld_max_variations, scienceworld_splits
-
-        cfg = load_config(ScienceWorldConfig, _config_path(benchmark, args.config))
-        train, _ = scienceworld_splits(cfg.train_task_types, scienceworld_max_variations())
-        if args.task_types:
-            unknown = sorted(set(args.task_types) - set(cfg.train_task_types))
-            if unknown:
-                raise ValueError(f"--task-types={unknown}: not trained task types in the ScienceWorld config")
-            train = [t for t in train if t.task_type in args.task_types]
-        return [t for t in train if t.variation < args.per_type] if args.per_type else train
-    if benchmark == "alfworld":
-        from actfirst.envs.alfworld_env import alfworld_split
-
-        cfg = load_config(ALFWorldConfig, _config_path(benchmark, args.config))
-        return alfworld_split("train", args.games or cfg.generated_dir, per_type=args.per_type or cfg.games_per_type,
-                              seed=cfg.seed)
-    from actfirst.envs.webshop_env import webshop_split
-
-    tasks = webshop_split("train")
-    return tasks[: args.per_type] if args.per_type else tasks
+        if shorten and benchmark.shortens_candidates:
+            shortened = await benchmark.shorten(worker, task, executed)
+            if shortened != executed:
+                executed, transitions = await replay(worker, task, shortened)
+                if not benchmark.accepts_reference(transitions[-1]):
+                    continue
+        ref = Reference(benchmark.task_key(task), executed, [benchmark.slim(t) for t in transitions], source)
+        if best is None or benchmark.rank(ref) < benchmark.rank(best):
+            best = ref
+    return best
 
 
 def load_references(path: str | Path, allow_partial: bool = False) -> dict[str, Reference]:
@@ -227,18 +135,28 @@ def _write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-async def _build(args: argparse.Namespace) -> int:
-    benchmark = args.benchmark
-    tasks = training_tasks(benchmark, args)
-    keys = [task_key(benchmark, t) for t in tasks]
+async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: EnvPool, *, out: str | Path,
+                           candidate_files: Sequence[str | Path] = (), shorten: bool = True,
+                           allow_partial: bool = False) -> dict[str, Any]:
+    """Build the reference cache of ``tasks`` at ``out`` with the workers of ``pool`` (which must run
+    ``benchmark.env_spec()``); returns the metadata written to ``<out>.meta.json``.
+
+    Finished tasks go to ``<out>.partial`` as they finish, and a rerun resumes from it. Below 100% coverage nothing
+    is published and ``PartialCacheError`` is raised, unless ``allow_partial``.
+    """
+    spec = benchmark.env_spec()
+    wrong = [w.spec for w in pool.workers if w.spec != spec]
+    if wrong:
+        raise ValueError(f"pool: its workers run {wrong[0]}, not the benchmark's configured {spec}")
+    keys = [benchmark.task_key(t) for t in tasks]
     if len(set(keys)) != len(keys):
         raise ValueError("task keys are not unique; check the task set")
-    candidates = read_candidates(args.candidates)
+    candidates = read_candidates(candidate_files)
     unknown = sorted(set(candidates) - set(keys))
     if unknown:
         print(f"warning: candidates for {len(unknown)} tasks outside the task set ignored, e.g. {unknown[:3]}",
               file=sys.stderr)
-    out = Path(args.out)
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(f"{out}.partial")
     done: dict[str, str] = {}
@@ -251,13 +169,11 @@ async def _build(args: argparse.Namespace) -> int:
                     pass
         _write_atomically(partial, "".join(line + "\n" for line in done.values()))  # the cut line goes
         print(f"resuming: {len(done)} of {len(tasks)} tasks already in {partial}")
-    todo = [t for t, k in zip(tasks, keys) if k not in done]
     failed: dict[str, str] = {}
     queue: asyncio.Queue = asyncio.Queue()
-    for task in todo:
-        queue.put_nowait(task)
-    spec_kwargs = {"max_turns": 10_000}  # references are replayed in full; the turn limit applies to rollouts
-    workers = [EnvWorker(EnvSpec(benchmark, spec_kwargs)) for _ in range(min(args.workers, max(1, len(todo))))]
+    for task, key in zip(tasks, keys):
+        if key not in done:
+            queue.put_nowait(task)
     start, finished = time.monotonic(), 0
 
     async def run(worker: EnvWorker) -> None:
@@ -265,10 +181,9 @@ async def _build(args: argparse.Namespace) -> int:
         with partial.open("a") as sink:
             while not queue.empty():
                 task = queue.get_nowait()
-                key = task_key(benchmark, task)
+                key = benchmark.task_key(task)
                 try:
-                    ref = await build_one(benchmark, worker, task, candidates.get(key, []), benchmark == "scienceworld"
-                                          and not args.no_shorten)
+                    ref = await build_one(benchmark, worker, task, candidates.get(key, []), shorten)
                 except WorkerDied as e:
                     failed[key] = f"worker died: {e}"
                     continue
@@ -285,26 +200,35 @@ async def _build(args: argparse.Namespace) -> int:
                       f"{'FAILED' if ref is None else f'{len(ref.actions)} actions ({ref.source})'}"
                       f" | {rate:.2f} tasks/s", flush=True)
 
-    try:
-        await asyncio.gather(*(run(w) for w in workers))
-    finally:
-        for w in workers:
-            w.close()
+    await asyncio.gather(*(run(w) for w in pool.workers))
     covered = [k for k in keys if k in done]
-    meta = {"benchmark": benchmark, "tasks": len(keys), "covered": len(covered),
-            "coverage": len(covered) / max(1, len(keys)), "missing": [k for k in keys if k not in done],
-            "failures": failed, "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "shortened": benchmark == "scienceworld"
-            and not args.no_shorten, "candidate_files": [str(p) for p in args.candidates]}
+    meta = {"benchmark": benchmark.name, "config": dataclasses.asdict(benchmark.config), "tasks": len(keys),
+            "covered": len(covered), "coverage": len(covered) / max(1, len(keys)),
+            "missing": [k for k in keys if k not in done], "failures": failed,
+            "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "shortened": benchmark.shortens_candidates and shorten,
+            "candidate_files": [str(p) for p in candidate_files]}
     print(f"coverage {meta['coverage']:.1%} ({len(covered)}/{len(keys)})")
-    if meta["coverage"] < 1.0 and not args.allow_partial:
-        print(f"error: {len(keys) - len(covered)} tasks have no successful candidate (e.g. {meta['missing'][:5]}); "
-              f"{out} not written. Add candidates (--candidates) and rerun to resume from {partial}, or pass "
-              f"--allow-partial to publish a partial cache.", file=sys.stderr)
-        return 2
+    if meta["coverage"] < 1.0 and not allow_partial:
+        raise PartialCacheError(f"{len(keys) - len(covered)} tasks have no successful candidate (e.g. "
+                                f"{meta['missing'][:5]}); {out} not written. Add candidates and rerun to resume "
+                                f"from {partial}, or allow a partial cache (--allow-partial).")
     _write_atomically(Path(f"{out}.meta.json"), json.dumps(meta, indent=1))
     _write_atomically(out, "".join(done[k] + "\n" for k in covered))
     partial.unlink(missing_ok=True)
     print(f"wrote {out} ({len(covered)} references){' PARTIAL' if meta['coverage'] < 1.0 else ''}")
+    return meta
+
+
+async def _build(args: argparse.Namespace) -> int:
+    benchmark = load_benchmark(args.benchmark, args.config, args.set)
+    tasks = select_tasks(benchmark, benchmark.tasks("train"), args.task_types, args.per_type)
+    with EnvPool(benchmark.env_spec(), size=min(args.workers, max(1, len(tasks)))) as pool:
+        try:
+            await build_references(benchmark, tasks, pool, out=args.out, candidate_files=args.candidates,
+                                   shorten=not args.no_shorten, allow_partial=args.allow_partial)
+        except PartialCacheError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     return 0
 
 
@@ -312,16 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actfirst.references", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build a reference cache for a benchmark's training tasks")
-    build.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop"])
+    build.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
     build.add_argument("--out", required=True, help="cache path (JSONL); metadata goes to <out>.meta.json")
     build.add_argument("--candidates", nargs="*", default=[], help="JSONL files of candidate action sequences")
     build.add_argument("--workers", type=int, default=4, help="environment worker processes")
     build.add_argument("--config", help="benchmark config (default configs/envs/<benchmark>.yaml)")
-    build.add_argument("--task-types", nargs="*", help="ScienceWorld: only these trained task types")
+    build.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                       help="config overrides, e.g. generated_dir=runs/games games_per_type=2 (ALFWorld)")
+    build.add_argument("--task-types", nargs="*",
+                       help="only training tasks of these types (ScienceWorld task types; ALFWorld Pick, Look, ...)")
     build.add_argument("--per-type", type=int, default=0,
-                       help="ScienceWorld: variations per type; ALFWorld (generated): games per type; WebShop: goals")
-    build.add_argument("--games", help="ALFWorld without $ALFWORLD_DATA: directory of generated games "
-                                       "(default: the config's generated_dir)")
+                       help="only the first N training tasks of each type (0: all)")
     build.add_argument("--no-shorten", action="store_true", help="ScienceWorld: skip candidate shortening")
     build.add_argument("--allow-partial", action="store_true", help="publish a cache below 100%% coverage")
     args = parser.parse_args(argv)

@@ -2,10 +2,12 @@
 
     python bench/env_throughput.py --benchmarks scienceworld alfworld --workers 1 16 --seconds 30
 
-Each worker plays episodes of uniformly random admissible actions (30-turn limit, then a new task), driven from one
-asyncio loop as the rollout drives them. Reported per benchmark and worker count: steps/s (resets excluded from
-the count, not from the time), resets, median step and reset latency as the driver sees them, and the resident memory of each worker with what it started (its JVM).
-ALFWorld uses generated games (``--games``, generated on first use).
+Each worker plays episodes of uniformly random admissible actions (up to the configured turn limit, then a new
+training task: the first ``--per-type`` of each task type), driven from one asyncio loop as the rollout drives
+them. Reported per benchmark and worker count: steps/s (resets excluded from the count, not from the time), resets,
+median step and reset latency as the driver sees them, and the resident memory of each worker with what it started
+(its JVM). Each benchmark runs its configs/envs/<name>.yaml with ``--set <name>.<key>=<value>`` overrides; ALFWorld
+uses generated games unless $ALFWORLD_DATA holds the download (generated on first use).
 """
 
 from __future__ import annotations
@@ -18,18 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from actfirst.envs.workers import EnvPool, EnvSpec
-
-
-def tasks_for(benchmark: str, games: str) -> list:
-    if benchmark == "scienceworld":
-        from actfirst.envs.scienceworld_tasks import ScienceWorldTask
-
-        return [ScienceWorldTask(t, v) for t in ("boil", "find-animal", "chemistry-mix", "lifespan-longest-lived")
-                for v in range(3)]
-    from actfirst.envs.alfworld_env import alfworld_split
-
-    return alfworld_split("train", games, per_type=2)
+from actfirst.envs.benchmarks import BENCHMARKS, load_benchmark, select_tasks
+from actfirst.envs.workers import EnvPool
 
 
 async def warm_up(pool: EnvPool, tasks: list) -> None:
@@ -75,26 +67,28 @@ async def drive(pool: EnvPool, tasks: list, seconds: float, max_turns: int, seed
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--benchmarks", nargs="+", default=["scienceworld", "alfworld"],
-                        choices=["scienceworld", "alfworld"])
+    parser.add_argument("--benchmarks", nargs="+", default=["scienceworld", "alfworld"], choices=sorted(BENCHMARKS))
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--seconds", type=float, default=30.0)
-    parser.add_argument("--max-turns", type=int, default=30)
-    parser.add_argument("--games", default="runs/alfworld_games", help="generated ALFWorld games")
+    parser.add_argument("--per-type", type=int, default=2, help="training tasks played per task type")
+    parser.add_argument("--set", nargs="*", default=["alfworld.games_per_type=2"], metavar="NAME.KEY=VALUE",
+                        help="config overrides per benchmark, e.g. scienceworld.max_turns=30")
     parser.add_argument("--out", default="runs/env_throughput.jsonl", help="results, one JSON line per run")
     args = parser.parse_args()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    for benchmark in args.benchmarks:
-        tasks = tasks_for(benchmark, args.games)
+    for name in args.benchmarks:
+        overrides = [o.removeprefix(f"{name}.") for o in args.set if o.startswith(f"{name}.")]
+        benchmark = load_benchmark(name, overrides=overrides)
+        tasks = select_tasks(benchmark, benchmark.tasks("train"), per_type=args.per_type)
         for n in args.workers:
             t0 = time.monotonic()
-            with EnvPool(EnvSpec(benchmark, {"max_turns": args.max_turns}), n) as pool:
+            with EnvPool(benchmark.env_spec(), n) as pool:
                 startup = time.monotonic() - t0
-                result = asyncio.run(drive(pool, tasks, args.seconds, args.max_turns, seed=n))
+                result = asyncio.run(drive(pool, tasks, args.seconds, benchmark.max_turns, seed=n))
                 memory = [w.memory_bytes() / 2**20 for w in pool.workers]
-            row = {"benchmark": benchmark, "workers": n, **result, "startup_s": startup,
+            row = {"benchmark": name, "workers": n, **result, "startup_s": startup,
                    "memory_mib_per_worker": statistics.mean(memory), "memory_mib_max": max(memory)}
-            print(f"{benchmark:12s} workers={n:2d}: {result['steps_per_s']:7.1f} steps/s "
+            print(f"{name:12s} workers={n:2d}: {result['steps_per_s']:7.1f} steps/s "
                   f"({result['steps']} steps, {result['resets']} resets in {result['seconds']:.0f} s; median step "
                   f"{result['step_ms_median']:.0f} ms, reset {result['reset_ms_median']:.0f} ms), "
                   f"{row['memory_mib_per_worker']:.0f} MiB per worker (max {row['memory_mib_max']:.0f}), "

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from actfirst.envs.base import Transition
+from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
 from actfirst.models.tokenizers import build_qwen3_tokenizer
 from actfirst.prompts import TEMPLATES, Mode, Step, build_prompt, render
 
@@ -64,9 +65,21 @@ CURRENT = {
     "scienceworld": Transition(observation="This room is called the kitchen.", admissible=("look around",), score=0,
                                done=False, won=False, task_description="Your task is to boil water.",
                                templates=("look around", "go to LOC"), objects=("kitchen", "pot")),
-    "webshop": Transition(observation="WebShop [SEP] Instruction: [SEP] red shirt [SEP] Search", admissible=(),
-                          score=0, done=False, won=False, task_description="red shirt", has_search_bar=True),
+    "webshop": Transition(observation="WebShop [SEP] Instruction: [SEP] red shirt [SEP] Search",
+                          admissible=("back to search", "b09abc1234"), score=0, done=False, won=False,
+                          task_description="red shirt", has_search_bar=True),
 }
+# How each benchmark's admissible-action fields (Benchmark.prompt_fields) appear in the prompt.
+ACTION_FIELDS = {
+    "alfworld": ["situation are: ['go to fridge 1', 'take mug 1 from countertop 1'].\n"],
+    "scienceworld": ["Available action commands: [look around, go to LOC]\n",
+                     "Available objects you can interact with: [kitchen, pot]\n"],
+    "webshop": ["[\n'search[<your query>]',\n'click[back to search]',\n'click[b09abc1234]'\n]"],
+}
+
+
+def test_every_benchmark_has_templates():
+    assert sorted(TEMPLATES) == sorted(BENCHMARKS) == sorted(ACTION_FIELDS)
 
 
 @pytest.mark.parametrize("benchmark", sorted(TEMPLATES))
@@ -75,8 +88,8 @@ def test_render_fills_every_field(benchmark, mode):
     current = CURRENT[benchmark]
     history = [Step("obs one", "act one"), Step("obs two", "act two")]
     ref = "REFERENCE NEXT" if mode is Mode.INVERSE_DYNAMICS else None
-    text = render(benchmark, mode, task_description=current.task_description, history=history, step_count=5,
-                  current=current, reference_next_observation=ref)
+    text = render(get_benchmark(benchmark), mode, task_description=current.task_description, history=history,
+                  step_count=5, current=current, reference_next_observation=ref)
     assert "{" not in text.replace("{'", "") and "}" not in text
     assert current.observation in text and current.task_description in text
     assert "already taken 5 step(s)" in text and "step 6" in text and "recent 2 observations" in text
@@ -84,43 +97,46 @@ def test_render_fills_every_field(benchmark, mode):
     assert "[Observation 4: 'obs one', Action 4: 'act one']" in text
     assert ("<think>" in text) == (mode is Mode.FULL_RESPONSE)
     assert ("REFERENCE NEXT" in text) == (mode is Mode.INVERSE_DYNAMICS)
-    if benchmark == "alfworld":
-        assert "'go to fridge 1', 'take mug 1 from countertop 1'" in text
-    elif benchmark == "scienceworld":
-        assert "[look around, go to LOC]" in text and "[kitchen, pot]" in text
-    else:
-        assert "'search[<your query>]'" in text
-    no_history = render(benchmark, mode, task_description="t", history=[], step_count=0, current=current,
-                        reference_next_observation=ref)
+    assert all(field in text for field in ACTION_FIELDS[benchmark]), text
+    no_history = render(get_benchmark(benchmark), mode, task_description="t", history=[], step_count=0,
+                        current=current, reference_next_observation=ref)
     assert "Prior to this step" not in no_history and current.observation in no_history
 
 
 def test_reference_only_for_inverse_dynamics():
+    alfworld = get_benchmark("alfworld")
     with pytest.raises(ValueError, match="reference_next_observation"):
-        render("alfworld", Mode.NEXT_ACTION, task_description="t", history=[], step_count=0,
+        render(alfworld, Mode.NEXT_ACTION, task_description="t", history=[], step_count=0,
                current=CURRENT["alfworld"], reference_next_observation="x")
     with pytest.raises(ValueError, match="reference_next_observation"):
-        render("alfworld", Mode.INVERSE_DYNAMICS, task_description="t", history=[], step_count=0,
+        render(alfworld, Mode.INVERSE_DYNAMICS, task_description="t", history=[], step_count=0,
                current=CURRENT["alfworld"])
-    with pytest.raises(ValueError, match="benchmark='nope'"):
-        render("nope", Mode.NEXT_ACTION, task_description="t", history=[], step_count=0, current=CURRENT["alfworld"])
+
+
+def test_webshop_reference_is_shown_without_its_instruction_block():
+    webshop = get_benchmark("webshop")
+    page = "WebShop [SEP] Instruction: [SEP] red shirt [SEP] Back to Search [SEP] Page 1 (Total results: 50)"
+    text = render(webshop, Mode.INVERSE_DYNAMICS, task_description="red shirt", history=[], step_count=0,
+                  current=CURRENT["webshop"], reference_next_observation=webshop.reference_observation(page))
+    assert "Reference next observation:\nBack to Search [SEP] Page 1 (Total results: 50)\n" in text
 
 
 def test_history_drops_oldest_pairs_until_the_prompt_fits(tokenizer):
     current = CURRENT["alfworld"]
     history = [Step(f"observation number {i} " + "word " * 20, f"go to cabinet {i}") for i in range(1, 9)]
     stored = list(history)
-    full = build_prompt(tokenizer, "alfworld", Mode.NEXT_ACTION, task_description="put a mug in fridge.",
+    alfworld = get_benchmark("alfworld")
+    full = build_prompt(tokenizer, alfworld, Mode.NEXT_ACTION, task_description="put a mug in fridge.",
                         history=history, current=current, budget_tokens=10_000)
     assert full.history_kept == 8
     budget = len(full.token_ids) - 40  # room for about 5 of the 8 pairs
-    fitted = build_prompt(tokenizer, "alfworld", Mode.NEXT_ACTION, task_description="put a mug in fridge.",
+    fitted = build_prompt(tokenizer, alfworld, Mode.NEXT_ACTION, task_description="put a mug in fridge.",
                           history=history, current=current, budget_tokens=budget)
     assert 0 < fitted.history_kept < 8 and len(fitted.token_ids) <= budget
     kept = history[8 - fitted.history_kept:]
     assert all(s.action in fitted.text for s in kept)  # the most recent pairs are kept ...
     assert "go to cabinet 1'" not in fitted.text  # ... the oldest dropped
-    one_more = render("alfworld", Mode.NEXT_ACTION, task_description="put a mug in fridge.",
+    one_more = render(alfworld, Mode.NEXT_ACTION, task_description="put a mug in fridge.",
                       history=history[8 - fitted.history_kept - 1:], step_count=8, current=current)
     n_one_more = len(tokenizer.apply_chat_template([{"role": "user", "content": one_more}],
                                                    add_generation_prompt=True, tokenize=True, return_dict=False))
@@ -132,15 +148,15 @@ def test_history_drops_oldest_pairs_until_the_prompt_fits(tokenizer):
 
 
 def test_no_history_template_and_never_shortening_the_rest(tokenizer):
-    current = CURRENT["scienceworld"]
+    current, scienceworld = CURRENT["scienceworld"], get_benchmark("scienceworld")
     history = [Step("o " * 50, "look around")] * 3
-    bare = build_prompt(tokenizer, "scienceworld", Mode.INVERSE_DYNAMICS, task_description="boil water",
+    bare = build_prompt(tokenizer, scienceworld, Mode.INVERSE_DYNAMICS, task_description="boil water",
                         history=[], current=current, budget_tokens=10_000, reference_next_observation="R " * 30)
-    fitted = build_prompt(tokenizer, "scienceworld", Mode.INVERSE_DYNAMICS, task_description="boil water",
+    fitted = build_prompt(tokenizer, scienceworld, Mode.INVERSE_DYNAMICS, task_description="boil water",
                           history=history, current=current, budget_tokens=len(bare.token_ids),
                           reference_next_observation="R " * 30)
     assert fitted.history_kept == 0 and fitted.text == bare.text
     assert "Your current observation is" in fitted.text and ("R " * 30).strip() in fitted.text
     with pytest.raises(ValueError, match="budget_tokens=10"):
-        build_prompt(tokenizer, "scienceworld", Mode.INVERSE_DYNAMICS, task_description="boil water",
+        build_prompt(tokenizer, scienceworld, Mode.INVERSE_DYNAMICS, task_description="boil water",
                      history=history, current=current, budget_tokens=10, reference_next_observation="R")

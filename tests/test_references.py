@@ -1,11 +1,13 @@
 """Reference construction (Appendix C.2) on the real simulators: replay, selection, shortening, coverage, resume."""
 
+import dataclasses
 import json
 import shutil
 
 import pytest
 
-from actfirst.envs.alfworld_env import ALFWorldTextEnv, alfworld_tasks, walkthrough
+from actfirst.envs.alfworld_env import alfworld_tasks, walkthrough
+from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.checks import normalize_scienceworld_observation, normalize_text
 from actfirst.envs.scienceworld_env import ScienceWorldTextEnv
 from actfirst.envs.scienceworld_tasks import ScienceWorldTask
@@ -35,6 +37,7 @@ def test_scienceworld_cache_covers_every_task_and_replays(sw_cache):
     refs = load_references(sw_cache)
     meta = json.loads(sw_cache.with_name(sw_cache.name + ".meta.json").read_text())
     assert meta["coverage"] == 1.0 and meta["tasks"] == 4 and meta["missing"] == [] and meta["shortened"]
+    assert meta["config"] == dataclasses.asdict(get_benchmark("scienceworld").config)  # what was replayed
     assert sorted(refs) == ["find-non-living-thing/0", "find-non-living-thing/1", "lifespan-longest-lived/0",
                             "lifespan-longest-lived/1"]
     env = ScienceWorldTextEnv()
@@ -60,22 +63,26 @@ def test_scienceworld_cache_covers_every_task_and_replays(sw_cache):
 
 def test_replaying_a_reference_passes_every_check_and_a_detour_fails(sw_cache):
     refs = load_references(sw_cache)
-    env = ScienceWorldTextEnv()
+    benchmark = get_benchmark("scienceworld")
+    env = benchmark.make_env()
     try:
         for key, ref in refs.items():
             task_type, variation = key.split("/")
             current = env.reset(ScienceWorldTask(task_type, int(variation)))
+            result = None
             for t, action in enumerate(ref.actions):
                 nxt = env.step(action)
-                assert ref.check("scienceworld", t, action=action, current=current, next=nxt).passed, (key, t)
+                result = benchmark.check(ref, t, action=action, current=current, next=nxt, previous=result)
+                assert result.passed, (key, t, result)
                 current = nxt
-            assert ref.check("scienceworld", len(ref.actions), action="look around", current=current,
-                             next=current).reason == "reference exhausted"
+            assert benchmark.succeeded(current)
+            assert benchmark.check(ref, len(ref.actions), action="look around", current=current,
+                                   next=current).reason == "reference exhausted"
         ref = refs["lifespan-longest-lived/0"]
         current = env.reset(ScienceWorldTask("lifespan-longest-lived", 0))
         detour = env.step("look around")
-        assert ref.check("scienceworld", 0, action="look around", current=current,
-                         next=detour).reason == "observation mismatch"
+        assert benchmark.check(ref, 0, action="look around", current=current,
+                               next=detour).reason == "observation mismatch"
     finally:
         env.close()
 
@@ -101,8 +108,8 @@ def test_alfworld_refuses_partial_then_resumes_with_candidates(alf_games, tmp_pa
     plan = game["walkthrough"]
     game_file.write_text(json.dumps({**game, "walkthrough": []}))
     out = tmp_path / "alfworld.jsonl"
-    args = ["build", "--benchmark", "alfworld", "--games", str(alf_games), "--per-type", "1", "--out", str(out),
-            "--workers", "2"]
+    args = ["build", "--benchmark", "alfworld", "--set", f"generated_dir={alf_games}", "games_per_type=1",
+            "--out", str(out), "--workers", "2"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "look-0000" in err and "not written" in err
@@ -118,7 +125,8 @@ def test_alfworld_refuses_partial_then_resumes_with_candidates(alf_games, tmp_pa
     assert len(refs) == 6 and refs["look-0000"].actions == ["look", *plan]
     assert refs["look-0000"].source == "candidates:rollouts.jsonl"
     assert all(r.source == "walkthrough" for k, r in refs.items() if k != "look-0000")
-    env = ALFWorldTextEnv()
+    benchmark = get_benchmark("alfworld")
+    env = benchmark.make_env()
     try:  # the cached transitions are what a replay gives, admissible sets included
         ref = refs["pick-0000"]
         task = next(t for t in alfworld_tasks(alf_games) if t.game_file.endswith("pick-0000/game.tw-pddl"))
@@ -128,7 +136,7 @@ def test_alfworld_refuses_partial_then_resumes_with_candidates(alf_games, tmp_pa
                                                                      for t in ref.transitions]
         assert [set(t.admissible) for t in replayed] == [set(t.admissible) for t in ref.transitions]
         for t, action in enumerate(ref.actions):
-            assert ref.check("alfworld", t, action=action, current=replayed[t], next=replayed[t + 1]).passed
+            assert benchmark.check(ref, t, action=action, current=replayed[t], next=replayed[t + 1]).passed
     finally:
         env.close()
 
@@ -137,8 +145,8 @@ def test_partial_cache_published_only_on_request(alf_games, tmp_path):
     game_file = alf_games / "train" / "pick-0000" / "game.tw-pddl"
     game_file.write_text(json.dumps({**json.loads(game_file.read_text()), "walkthrough": ["look"]}))
     out = tmp_path / "partial.jsonl"
-    assert main(["build", "--benchmark", "alfworld", "--games", str(alf_games), "--per-type", "1", "--out", str(out),
-                 "--allow-partial"]) == 0
+    assert main(["build", "--benchmark", "alfworld", "--set", f"generated_dir={alf_games}", "games_per_type=1",
+                 "--out", str(out), "--allow-partial"]) == 0
     with pytest.raises(PartialCacheError, match=r"coverage 83.3% \(5/6\), missing \['pick-0000'\]"):
         load_references(out)
     assert len(load_references(out, allow_partial=True)) == 5

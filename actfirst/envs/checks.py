@@ -24,6 +24,8 @@ class CheckResult:
 
 
 PASSED = CheckResult(True)
+SEARCH_MISMATCH_ALLOWED = "search-results mismatch allowed"
+"""The reason of a WebShop pass through the search-results exception (the next turn may use it too)."""
 
 
 def normalize_text(text: str) -> str:
@@ -89,13 +91,22 @@ def normalize_scienceworld_observation(text: str) -> str:
 # -- The checks ---------------------------------------------------------------------------------------------------
 
 
+def alfworld_action_valid(action: str, admissible: Iterable[str]) -> bool:
+    """B.5: the normalized action is in the current admissible-action set, help excluded."""
+    return normalize_text(action) in normalize_set(a for a in admissible if normalize_text(a) != "help")
+
+
+def scienceworld_action_valid(action: str, admissible: Iterable[str]) -> bool:
+    """B.5: the normalized action is in the current full admissible-action list."""
+    return normalize_text(action) in normalize_set(admissible)
+
+
 def alfworld_check(*, action: str, admissible: Iterable[str], done: bool, ref_done: bool, next_observation: str,
                    ref_next_observation: str, next_admissible: Iterable[str],
                    ref_next_admissible: Iterable[str]) -> CheckResult:
     """ALFWorld (B.5): the action is admissible (help excluded); termination flags agree; normalized next
     observations are equal; for non-terminal transitions the next admissible-action sets are equal."""
-    valid = normalize_set(a for a in admissible if normalize_text(a) != "help")
-    if normalize_text(action) not in valid:
+    if not alfworld_action_valid(action, admissible):
         return CheckResult(False, "invalid action")
     if done != ref_done:
         return CheckResult(False, "termination mismatch")
@@ -112,7 +123,7 @@ def scienceworld_check(*, action: str, admissible: Iterable[str], done: bool, re
     """ScienceWorld (B.5): the action is in the full admissible list; termination flags agree; normalized (sorted)
     next observations are equal; action-template sets are equal, terminal transitions included. Possible-object
     lists (aliases), room descriptions, inventory, reward and score are not compared."""
-    if normalize_text(action) not in normalize_set(admissible):
+    if not scienceworld_action_valid(action, admissible):
         return CheckResult(False, "invalid action")
     if done != ref_done:
         return CheckResult(False, "termination mismatch")
@@ -177,7 +188,7 @@ def webshop_check(*, action: str, has_search_bar: bool, clickables: Iterable[str
     reference's actions are searches (or, at the next turn, ``after_search_mismatch``: the previous transition
     passed through this exception) and the product of the reference's immediately following click
     (``ref_following_action``) is clickable for the student. Such a pass is reported as
-    ``reason="search-results mismatch allowed"``; the caller passes ``after_search_mismatch`` for the next turn.
+    ``reason=SEARCH_MISMATCH_ALLOWED``; the caller passes ``after_search_mismatch`` for the next turn.
     """
     next_clickables = list(next_clickables)
     if not webshop_action_valid(action, has_search_bar=has_search_bar, clickables=clickables):
@@ -198,5 +209,5 @@ def webshop_check(*, action: str, has_search_bar: bool, clickables: Iterable[str
     if ((both_searches or after_search_mismatch) and is_search_results(next_observation)
             and is_search_results(ref_next_observation) and following is not None and following[0] == "click"
             and following[1].lower() in {c.lower() for c in next_clickables}):
-        return CheckResult(True, "search-results mismatch allowed")
+        return CheckResult(True, SEARCH_MISMATCH_ALLOWED)
     return CheckResult(False, "observation mismatch" if not same_observation else "available actions mismatch")

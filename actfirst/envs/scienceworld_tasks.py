@@ -22,6 +22,9 @@ TASK_TYPES = (
     "use-thermometer",
 )
 EVAL_VARIATIONS_PER_TYPE = 5
+# The simulator's simplifications ("easy": all five; tests check this list against the simulator).
+SIMPLIFICATIONS = ("easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors",
+                   "noElectricalAction")
 
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)

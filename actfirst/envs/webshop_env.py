@@ -86,6 +86,7 @@ class WebShopTextEnv(TextEnv):
         except ImportError as e:
             raise ImportError(INSTALL_HINT) from e
         self.max_turns = max_turns
+        self.num_products = num_products
         self._env = WebAgentTextEnv(observation_mode="text", num_products=num_products, human_goals=human_goals)
         self._available = {"has_search_bar": False, "clickables": []}
         self._turn = 0

@@ -2,17 +2,22 @@
 
 Each ``EnvWorker`` owns one environment in a spawned process and answers ``reset``/``step`` over a pipe, from
 synchronous code (``call``) or from the asyncio loop that drives the engine (``acall``: the pipe and the process
-sentinel are watched by the loop, no thread is used). A worker that dies mid-call is restarted and the call raises
-``WorkerDied`` with the reason, so its episode is reported as failed, never silently dropped; an exception inside the
-environment raises ``EnvError`` with the worker's traceback. ``close`` (also on Ctrl-C and at interpreter exit)
-stops every worker and kills whatever the worker started (ScienceWorld's JVM) if it outlives it.
+sentinel are watched by the loop, no thread is used). An exception inside the environment raises ``EnvError`` with
+the worker's traceback.
+
+A worker is dead when its process ended or a process it started (ScienceWorld's JVM) ended or is a zombie. Whatever
+is left of a dead worker is killed and the worker restarted, and the death is reported by ``WorkerDied`` with its
+reason, never silently: a death during a call fails that call (an environment error raised while a child is dead
+is a death too); a death found before a call fails a ``step`` (its episode's state is gone), while any other call
+(``reset``: a new episode) runs on the restarted worker. Until such a call, every ``step`` on a restarted worker
+raises ``WorkerDied`` too: its environment has no episode to continue. ``close`` (also on Ctrl-C and at interpreter
+exit) stops every worker and kills whatever the worker started if it outlives it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import atexit
-import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -20,10 +25,15 @@ import traceback
 import weakref
 from typing import Any
 
-from actfirst.envs.base import TextEnv
+import psutil
 
-BENCHMARKS = ("alfworld", "scienceworld", "webshop")
+from actfirst.envs.benchmarks import EnvSpec
+
+__all__ = ["EnvError", "EnvPool", "EnvSpec", "EnvWorker", "WorkerDied"]
+
 _START_TIMEOUT_S = 120.0
+_CONTINUES_EPISODE = frozenset({"step"})
+"""Calls that need the state of the episode in flight (every other call starts from scratch)."""
 
 
 class EnvError(RuntimeError):
@@ -31,40 +41,13 @@ class EnvError(RuntimeError):
 
 
 class WorkerDied(RuntimeError):
-    """The worker process ended during a call; the worker has been restarted, the episode is lost."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EnvSpec:
-    """Which environment a worker builds: the benchmark and its constructor arguments."""
-
-    benchmark: str
-    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.benchmark not in BENCHMARKS:
-            raise ValueError(f"benchmark={self.benchmark!r}: not one of {BENCHMARKS}")
-
-
-def make_env(spec: EnvSpec) -> TextEnv:
-    """Build the environment ``spec`` names (in the calling process)."""
-    if spec.benchmark == "scienceworld":
-        from actfirst.envs.scienceworld_env import ScienceWorldTextEnv
-
-        return ScienceWorldTextEnv(**spec.kwargs)
-    if spec.benchmark == "alfworld":
-        from actfirst.envs.alfworld_env import ALFWorldTextEnv
-
-        return ALFWorldTextEnv(**spec.kwargs)
-    from actfirst.envs.webshop_env import WebShopTextEnv
-
-    return WebShopTextEnv(**spec.kwargs)
+    """The worker (or a process it started) died; the worker has been restarted, the episode is lost."""
 
 
 def _worker_main(conn, spec: EnvSpec) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the workers
     try:
-        env = make_env(spec)
+        env = spec.make_env()
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
@@ -89,21 +72,34 @@ def _worker_main(conn, spec: EnvSpec) -> None:
         env.close()
 
 
-def _descendants(pid: int) -> list[int]:
-    import psutil
-
+def _descendants(pid: int) -> list[psutil.Process]:
     try:
-        return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        return psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
 
 
-def _kill(pids: list[int]) -> None:
-    for pid in pids:
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
         try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
+            if process.is_running():  # False also when the pid now belongs to another process
+                process.kill()
+        except psutil.NoSuchProcess:
             pass
+
+
+def _gone(process: psutil.Process | int) -> bool:
+    """Whether ``process`` (or pid) ended: gone, or a zombie (also a killed process whose threads are still
+    exiting, which cannot be waited for yet)."""
+    try:
+        process = psutil.Process(process) if isinstance(process, int) else process
+        return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _exit_reason(code: int | None) -> str:
+    return f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
 
 
 _LIVE: weakref.WeakSet[EnvWorker] = weakref.WeakSet()
@@ -121,10 +117,13 @@ class EnvWorker:
     def __init__(self, spec: EnvSpec):
         self.spec = spec
         self.restarts = 0
+        self.last_death: str | None = None
+        """The ``WorkerDied`` message of the latest death (also of one a ``reset`` ran past)."""
         self._proc: mp.process.BaseProcess | None = None
         self._conn = None
-        self._children: list[int] = []
+        self._children: list[tuple[psutil.Process, str]] = []  # what the worker started, with names
         self._busy = False
+        self._episode_lost = False  # restarted since the last call that starts from scratch
         self._pending = False  # a reply is owed (a cancelled acall leaves one behind; the next call drains it)
 
     @property
@@ -132,8 +131,8 @@ class EnvWorker:
         return self._proc.pid if self._proc is not None else None
 
     def start(self) -> None:
-        """Start the process (if not running) and wait until its environment is built."""
-        if self._proc is not None and self._proc.is_alive():
+        """Start the process (if not started) and wait until its environment is built."""
+        if self._proc is not None:
             return
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
@@ -149,22 +148,26 @@ class EnvWorker:
             status, payload = parent.recv()
         except (EOFError, OSError):
             self._proc.join(5)
-            status, payload = "died", f"{self.spec.benchmark} worker exited while starting ({self._proc.exitcode})"
+            status, payload = "died", (f"{self.spec.benchmark} worker exited while starting "
+                                       f"({_exit_reason(self._proc.exitcode)})")
         except WorkerDied as e:
             status, payload = "died", str(e)
         if status != "ok":
             self.close()
             raise (EnvError if status == "error" else WorkerDied)(payload)
-        self._children = _descendants(self._proc.pid)
+        self._children = []
+        for process in _descendants(self._proc.pid):
+            try:
+                self._children.append((process, process.name()))
+            except psutil.NoSuchProcess:
+                pass
 
     def pids(self) -> list[int]:
         """The worker's process id and those of everything it started (e.g. its JVM)."""
-        return [] if self._proc is None else [self._proc.pid] + _descendants(self._proc.pid)
+        return [] if self._proc is None else [self._proc.pid] + [p.pid for p in _descendants(self._proc.pid)]
 
     def memory_bytes(self) -> int:
         """Resident memory of the worker and everything it started (e.g. its JVM)."""
-        import psutil
-
         total = 0
         for pid in self.pids():
             try:
@@ -173,41 +176,69 @@ class EnvWorker:
                 pass
         return total
 
+    def _death(self) -> str | None:
+        """Why the started worker is dead (its process ended, or a process it started ended or is a zombie), or
+        None while it lives."""
+        if not self._proc.is_alive() or _gone(self._proc.pid):
+            self._proc.join(timeout=5)  # the exit status, once the last thread has exited
+            return f"died ({_exit_reason(self._proc.exitcode)})"
+        for process, name in self._children:
+            if _gone(process):
+                return f"lost its child {process.pid} ({name})"
+        return None
+
+    def _restart(self, reason: str) -> str:
+        """Kill what is left of the dead worker and start it again; returns the ``WorkerDied`` message."""
+        pid = self.pid
+        self._cleanup(self._known_processes())
+        self.restarts += 1
+        self._episode_lost = True
+        self.start()
+        self.last_death = f"{self.spec.benchmark} worker {pid} {reason}; restarted as {self.pid}"
+        return self.last_death
+
+    def _known_processes(self) -> list[psutil.Process]:
+        return [p for p, _ in self._children] + _descendants(self._proc.pid)
+
     def _receive(self) -> Any:
         try:
             status, payload = self._conn.recv()
         except (EOFError, OSError):
-            self._died()
+            self._pending = False
+            self._proc.join(timeout=5)
+            raise WorkerDied(self._restart(self._death() or "closed its pipe")) from None
         self._pending = False
         if status == "error":
+            reason = self._death()
+            if reason is not None:  # the environment failed because a process it relies on died
+                error = payload.strip().splitlines()[-1]
+                raise WorkerDied(f"{self._restart(reason)} (the environment raised {error})")
             raise EnvError(f"{self.spec.benchmark} environment error in worker {self.pid}:\n{payload}")
         return payload
-
-    def _died(self) -> None:
-        self._pending = False
-        self._proc.join(timeout=5)
-        code = self._proc.exitcode
-        reason = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        pid = self.pid
-        self._cleanup(self._children)
-        self.restarts += 1
-        self.start()
-        raise WorkerDied(f"{self.spec.benchmark} worker {pid} died ({reason}); restarted as {self.pid}")
 
     def _send(self, method: str, args: tuple) -> None:
         if self._busy:
             raise RuntimeError(f"{self.spec.benchmark} worker {self.pid}: one call at a time (a worker plays one "
                                f"episode)")
-        self.start()
-        if self._pending:  # the reply to a cancelled call
-            try:
-                self._receive()
-            except EnvError:
-                pass
+        if self._proc is None:
+            self.start()
+        else:
+            if self._pending:  # the reply to a cancelled call
+                try:
+                    self._receive()
+                except (EnvError, WorkerDied):  # a death has restarted the worker and lost the episode
+                    pass
+            reason = self._death()
+            if reason is not None:
+                self._restart(reason)
+        if method in _CONTINUES_EPISODE and self._episode_lost:
+            raise WorkerDied(f"{self.last_death}; its episode is lost (reset to start a new one)")
+        self._episode_lost = False
         try:
             self._conn.send((method, args))
         except (BrokenPipeError, OSError):
-            self._died()
+            self._proc.join(timeout=5)
+            raise WorkerDied(self._restart(self._death() or "closed its pipe")) from None
         self._pending = True
 
     def call(self, method: str, *args: Any) -> Any:
@@ -223,9 +254,7 @@ class EnvWorker:
             await self._wait_readable()
         finally:
             self._busy = False
-        if not self._conn.poll(0):
-            self._died()
-        return self._receive()
+        return self._receive()  # a process that ended without replying leaves the pipe at EOF: WorkerDied
 
     async def _wait_readable(self) -> None:
         loop = asyncio.get_running_loop()
@@ -256,13 +285,13 @@ class EnvWorker:
     async def astep(self, action: str):
         return await self.acall("step", action)
 
-    def _cleanup(self, children: list[int]) -> None:
-        """Forget the process after killing it (if still alive) and ``children``."""
+    def _cleanup(self, processes: list[psutil.Process]) -> None:
+        """Forget the worker after killing its process (if still alive) and ``processes``."""
         self._conn.close()
         if self._proc.is_alive():
             self._proc.kill()
             self._proc.join(5)
-        _kill(children)
+        _kill(processes)
         self._proc = self._conn = None
         self._children = []
 
@@ -271,13 +300,13 @@ class EnvWorker:
         if self._proc is None:
             return
         _LIVE.discard(self)
-        children = self._children + _descendants(self._proc.pid)
+        processes = self._known_processes()
         try:
             self._conn.send(("close", ()))
         except (BrokenPipeError, OSError):
             pass
         self._proc.join(timeout)
-        self._cleanup(children)
+        self._cleanup(processes)
 
 
 class EnvPool:

@@ -1,9 +1,11 @@
-"""Environment worker processes: results, failures, restarts and clean shutdown, with real ScienceWorld JVMs.
+"""Environment worker processes: the configured environment, results, failures, restarts and clean shutdown, with
+real ScienceWorld JVMs and ALFWorld games.
 
 Faults are injected by killing real processes (SIGKILL, SIGINT), not by test doubles.
 """
 
 import asyncio
+import dataclasses
 import os
 import signal
 import subprocess
@@ -14,10 +16,13 @@ import time
 import psutil
 import pytest
 
+from actfirst.config import ALFWorldConfig
+from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld_tasks import ScienceWorldTask
-from actfirst.envs.workers import EnvError, EnvPool, EnvSpec, EnvWorker, WorkerDied
+from actfirst.envs.workers import EnvError, EnvPool, EnvWorker, WorkerDied
 
 TASK = ScienceWorldTask("find-non-living-thing", 0)
+SCIENCEWORLD = get_benchmark("scienceworld")
 
 
 def alive(pid):
@@ -34,9 +39,14 @@ def wait_gone(pids, timeout=15.0):
     return [p for p in pids if alive(p)]
 
 
+def jvm_of(worker):
+    (jvm,) = [p for p in worker.pids()[1:] if "java" in psutil.Process(p).name()]
+    return jvm
+
+
 @pytest.fixture
 def worker():
-    worker = EnvWorker(EnvSpec("scienceworld"))
+    worker = EnvWorker(SCIENCEWORLD.env_spec())
     worker.start()
     yield worker
     worker.close()
@@ -51,6 +61,25 @@ def test_worker_runs_the_environment_and_its_jvm(worker):
     assert worker.memory_bytes() > 100 * 2**20
 
 
+def test_the_configured_environment_is_built_in_the_worker(alfworld_games):
+    plain = get_benchmark("scienceworld", dataclasses.replace(SCIENCEWORLD.config, max_turns=2, simplification=""))
+    workers = {"easy": EnvWorker(SCIENCEWORLD.env_spec()), "plain": EnvWorker(plain.env_spec()),
+               "alfworld": EnvWorker(get_benchmark("alfworld", ALFWorldConfig(max_turns=2)).env_spec())}
+    try:
+        easy, none = workers["easy"].reset(TASK), workers["plain"].reset(TASK)
+        # The easy preset's teleport action is there only with the simplification; closed doors only without it.
+        assert "teleport to kitchen" in easy.admissible and "teleport to kitchen" not in none.admissible
+        assert "open door to kitchen" in none.admissible and "open door to kitchen" not in easy.admissible
+        for name in ("easy", "plain"):
+            steps = [workers[name].step("look around") for _ in range(2)]
+            assert [s.truncated for s in steps] == [False, name == "plain"]  # max_turns 30 and 2
+        workers["alfworld"].reset(alfworld_games[0])
+        assert [workers["alfworld"].step("look").truncated for _ in range(2)] == [False, True]
+    finally:
+        for w in workers.values():
+            w.close()
+
+
 def test_dead_worker_fails_the_episode_with_a_reason_and_is_restarted(worker):
     worker.reset(TASK)
     old = worker.pids()
@@ -60,6 +89,57 @@ def test_dead_worker_fails_the_episode_with_a_reason_and_is_restarted(worker):
     assert worker.restarts == 1 and worker.pid != old[0]
     assert wait_gone(old) == []  # its JVM went with it
     assert worker.reset(TASK).turn == 0  # the restarted worker serves the next episode
+
+
+def test_worker_killed_between_calls_fails_the_next_step_and_serves_the_next_reset(worker):
+    worker.reset(TASK)
+    worker.step("go to kitchen")
+    old = worker.pids()
+    os.kill(old[0], signal.SIGKILL)
+    assert wait_gone(old[:1]) == []  # dead before the next call starts
+    with pytest.raises(WorkerDied, match=rf"worker {old[0]} died \(signal 9\); restarted as \d+; its episode is lost"):
+        worker.step("look around")
+    assert worker.restarts == 1 and wait_gone(old) == []
+    with pytest.raises(WorkerDied, match="its episode is lost"):  # still no episode to continue
+        worker.step("look around")
+    first = worker.reset(TASK)  # a new episode runs on the restarted worker
+    assert first.turn == 0 and worker.step("go to kitchen").observation == "You move to the kitchen."
+    assert worker.restarts == 1
+
+
+def test_jvm_killed_between_steps_fails_the_next_step_and_serves_the_next_reset(worker):
+    worker.reset(TASK)
+    worker.step("go to kitchen")
+    old, jvm = worker.pids(), jvm_of(worker)
+    os.kill(jvm, signal.SIGKILL)
+    assert wait_gone([jvm]) == []  # a zombie of the worker counts as gone
+    with pytest.raises(WorkerDied, match=rf"lost its child {jvm} \(java\); restarted as \d+; its episode is lost"):
+        worker.step("look around")
+    assert worker.restarts == 1 and wait_gone(old) == []  # what was left of the worker is killed
+    first = worker.reset(TASK)
+    assert first.turn == 0 and worker.step("go to kitchen").observation == "You move to the kitchen."
+    assert jvm_of(worker) != jvm and worker.restarts == 1
+
+
+def test_jvm_killed_during_steps_fails_the_call_then_the_next_reset_plays(worker):
+    worker.reset(TASK)
+
+    async def kill_during(call, delay):
+        pending = asyncio.create_task(call)
+        await asyncio.sleep(delay)
+        assert not pending.done()  # the JVM dies while the worker is stepping
+        os.kill(jvm_of(worker), signal.SIGKILL)
+        return await asyncio.gather(pending, return_exceptions=True)
+
+    # Hundreds of steps in one call (the simulator's own step, as reference shortening uses it): the kill lands
+    # during a step, whose failure reaches the worker as a py4j error while its JVM is dead.
+    (died,) = asyncio.run(kill_during(worker.acall("succeeds", TASK, ["look around"] * 2000), 1.0))
+    assert isinstance(died, WorkerDied) and "lost its child" in str(died) and "(java)" in str(died), died
+    assert "the environment raised" in str(died) and worker.restarts == 1
+    with pytest.raises(WorkerDied, match="its episode is lost"):
+        worker.step("look around")
+    first = worker.reset(TASK)
+    assert first.turn == 0 and worker.step("go to kitchen").observation == "You move to the kitchen."
 
 
 def test_environment_errors_keep_the_worker(worker):
@@ -109,7 +189,7 @@ def test_async_calls_never_block_the_loop():
         tick.cancel()
         return ticks, firsts, steps, died[0]
 
-    with EnvPool(EnvSpec("scienceworld"), 2) as pool:
+    with EnvPool(SCIENCEWORLD.env_spec(), 2) as pool:
         ticks, firsts, steps, died = asyncio.run(main(pool.workers))
         assert all(f.turn == 0 for f in firsts) and [s.turn for s in steps] == [1, 1]
         assert steps[0].observation == "You move to the kitchen."
@@ -121,13 +201,14 @@ def test_async_calls_never_block_the_loop():
 
 SCRIPT = textwrap.dedent("""
     import signal, time
+    from actfirst.envs.benchmarks import get_benchmark
     from actfirst.envs.scienceworld_tasks import ScienceWorldTask
-    from actfirst.envs.workers import EnvPool, EnvSpec
+    from actfirst.envs.workers import EnvPool
 
     if __name__ == "__main__":
         # Ctrl-C as in a terminal, even when the test runs in a background job (which starts with SIGINT ignored).
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        with EnvPool(EnvSpec("scienceworld"), 2) as pool:
+        with EnvPool(get_benchmark("scienceworld").env_spec(), 2) as pool:
             for w in pool.workers:
                 w.reset(ScienceWorldTask("find-non-living-thing", 0))
             print(" ".join(str(p) for w in pool.workers for p in w.pids()), flush=True)

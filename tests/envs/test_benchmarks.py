@@ -1,0 +1,210 @@
+"""The benchmark objects: names and configs, splits and task types, prompt fields, checks, success."""
+
+import asyncio
+import importlib.util
+import json
+import pickle
+import shutil
+
+import pytest
+
+from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, WebShopConfig, load_config
+from actfirst.envs.base import Transition
+from actfirst.envs.benchmarks import (BENCHMARKS, EnvSpec, config_path, get_benchmark, load_benchmark,
+                                      select_tasks)
+from actfirst.envs.checks import SEARCH_MISMATCH_ALLOWED, CheckResult
+from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
+from actfirst.envs.workers import EnvPool
+from actfirst.references import Reference, build_references
+
+WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
+
+
+def test_unknown_names_and_wrong_configs_are_rejected():
+    with pytest.raises(ValueError, match=r"benchmark='webshp': not one of \['alfworld', 'scienceworld', 'webshop'\]"):
+        get_benchmark("webshp")
+    with pytest.raises(ValueError, match=r"benchmark 'webshop' needs a WebShopConfig, got a ALFWorldConfig"):
+        get_benchmark("webshop", ALFWorldConfig())
+    with pytest.raises(ValueError, match="benchmark='ALFWorld'"):
+        EnvSpec("ALFWorld", ALFWorldConfig())
+    with pytest.raises(ValueError, match="needs a ALFWorldConfig, got a WebShopConfig"):
+        EnvSpec("alfworld", WebShopConfig())
+    with pytest.raises(ValueError, match="split='test': not one of \\['train', 'eval'\\]"):
+        get_benchmark("webshop").tasks("test")
+
+
+@pytest.mark.parametrize("name,max_turns", [("alfworld", 30), ("scienceworld", 30), ("webshop", 15)])
+def test_default_config_is_the_file_and_travels_to_workers(name, max_turns):
+    benchmark = get_benchmark(name)
+    assert benchmark.name == name and benchmark.max_turns == max_turns  # C.1's turn limits
+    assert benchmark.config == load_config(BENCHMARKS[name].config_class, config_path(name))
+    spec = pickle.loads(pickle.dumps(benchmark.env_spec()))  # what a spawned worker receives
+    assert spec == EnvSpec(name, benchmark.config)
+    changed = load_benchmark(name, overrides=["max_turns=7"])
+    assert changed.max_turns == 7 and changed.env_spec().config.max_turns == 7
+
+
+def test_scienceworld_simplifications_are_the_simulators():
+    from scienceworld import ScienceWorldEnv
+
+    env = ScienceWorldEnv("", envStepLimit=10)
+    try:
+        assert sorted(SIMPLIFICATIONS) == sorted(["easy"] + env.get_possible_simplifications())
+    finally:
+        env.close()
+    assert ScienceWorldConfig(train_task_types=["boil"], simplification="openDoors,teleportAction")
+    with pytest.raises(ConfigError, match=r"simplification='easy,hard': \['hard'\] not among"):
+        ScienceWorldConfig(train_task_types=["boil"], simplification="easy,hard")
+
+
+def test_alfworld_splits_pool_seen_and_unseen_and_name_task_types(alfworld_games, tmp_path, monkeypatch):
+    # A download-shaped tree (json_2.1.1/<split>/<task>/<trial>/) holding the generated games.
+    data = tmp_path / "data" / "json_2.1.1"
+    for split, games in [("train", alfworld_games), ("valid_seen", alfworld_games[:2]),
+                         ("valid_unseen", alfworld_games[2:3])]:
+        for task in games:
+            name = task.game_file.split("/")[-2]
+            shutil.copytree(task.game_file.rsplit("/", 1)[0], data / split / name / f"trial_{split}_{name}")
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "data"))
+    alfworld = get_benchmark("alfworld", ALFWorldConfig(generated_dir=str(tmp_path / "unused")))
+    train, evaluation = alfworld.tasks("train"), alfworld.tasks("eval")
+    assert len(train) == 6 and len(evaluation) == 3  # C.1: valid_seen and valid_unseen pooled
+    assert {t.game_file.split("/")[-4] for t in evaluation} == {"valid_seen", "valid_unseen"}
+    assert sorted(alfworld.task_type(t) for t in train) == sorted(["Pick", "Look", "Clean", "Heat", "Cool", "Pick2"])
+    assert alfworld.task_key(train[0]) == train[0].game_file.split("/")[-2]
+    assert not (tmp_path / "unused").exists()  # the download is used, nothing generated
+    assert [alfworld.task_type(t) for t in select_tasks(alfworld, train, ["Heat", "Pick2"])] == ["Heat", "Pick2"]
+    with pytest.raises(ValueError, match=r"task_types=\['pick'\]: no alfworld tasks of these types"):
+        select_tasks(alfworld, train, ["pick"])
+
+
+def test_scienceworld_splits_and_keys():
+    scienceworld = get_benchmark("scienceworld")
+    train, evaluation = scienceworld.tasks("train"), scienceworld.tasks("eval")
+    assert len(evaluation) == 150 and {scienceworld.task_type(t) for t in evaluation} == set(TASK_TYPES)
+    assert {scienceworld.task_type(t) for t in train} == set(scienceworld.config.train_task_types)
+    assert scienceworld.task_key(evaluation[0]) == f"{evaluation[0].task_type}/{evaluation[0].variation}"
+    first_two = select_tasks(scienceworld, train, per_type=2)
+    assert len(first_two) == 2 * 17 and {t.variation for t in first_two} == {0, 1}
+
+
+def test_webshop_splits_keys_and_reference_observation():
+    webshop = get_benchmark("webshop")
+    train, evaluation = webshop.tasks("train"), webshop.tasks("eval")
+    assert [t.goal_idx for t in evaluation] == list(range(4096, 4196)) and len(train) == 4096
+    assert webshop.task_key(evaluation[0]) == "4096" and {webshop.task_type(t) for t in train} == {"all"}
+    assert [t.goal_idx for t in select_tasks(webshop, train, per_type=3)] == [0, 1, 2]
+    page = f"{INSTRUCTION} [SEP] Back to Search [SEP] Buy Now"
+    assert webshop.reference_observation(page) == "Back to Search [SEP] Buy Now"  # B.5: prompt only
+    for name in ("alfworld", "scienceworld"):
+        assert get_benchmark(name).reference_observation(page) == page
+
+
+def test_action_validity():
+    current = Transition(observation="o", admissible=("go to desk 1", "help", "b09abc1234"), score=0, done=False,
+                         won=False, has_search_bar=True)
+    alfworld, scienceworld, webshop = (get_benchmark(n) for n in ("alfworld", "scienceworld", "webshop"))
+    assert alfworld.valid_action("Go to  desk 1", current) and not alfworld.valid_action("help", current)
+    assert scienceworld.valid_action("help", current) and not scienceworld.valid_action("go to desk 2", current)
+    assert webshop.valid_action("search[red shirt]", current) and webshop.valid_action("click[B09ABC1234]", current)
+    assert not webshop.valid_action("go to desk 1", current) and not webshop.valid_action("click[b00]", current)
+
+
+def test_prompt_fields():
+    current = Transition(observation="o", admissible=("go to desk 1", "b09abc1234"), score=0, done=False, won=False,
+                         templates=("look around", "go to LOC"), objects=("kitchen",), has_search_bar=True)
+    assert get_benchmark("alfworld").prompt_fields(current) == {"admissible_actions": "'go to desk 1', 'b09abc1234'"}
+    assert get_benchmark("scienceworld").prompt_fields(current) == {"action_templates": "look around, go to LOC",
+                                                                    "objects": "kitchen"}
+    assert get_benchmark("webshop").prompt_fields(current) == {
+        "available_actions": "'search[<your query>]',\n'click[go to desk 1]',\n'click[b09abc1234]'"}
+
+
+# -- WebShop's check over an episode (pages in WebShop's text format; WebShop itself is not installable here) ----
+
+INSTRUCTION = "WebShop [SEP] Instruction: [SEP] i need a red cotton shirt"
+
+
+def page(n, *asins):
+    items = " [SEP] ".join(f"{a} [SEP] Shirt {a} [SEP] $12.99" for a in asins)
+    return f"{INSTRUCTION} [SEP] Back to Search [SEP] Page {n} (Total results: 50) [SEP] Next > [SEP] {items}"
+
+
+def state(observation, clickables=(), *, search=False, done=False, score=0.0):
+    return Transition(observation=observation, admissible=tuple(clickables), score=score, done=done,
+                      won=score >= 99.999, has_search_bar=search)
+
+
+HOME = state(f"{INSTRUCTION} [SEP] Search", search=True)
+PRODUCT = state(f"{INSTRUCTION} [SEP] Back to Search [SEP] < Prev [SEP] Red Cotton Shirt [SEP] Buy Now",
+                ["back to search", "< prev", "buy now"])
+SCORE = state("Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 1.0", done=True,
+              score=100.0)
+REFERENCE = Reference("0", ["search[red cotton shirt]", "click[next >]", "click[b09abc1234]", "click[buy now]"], [
+    HOME, state(page(1, "B01"), ["back to search", "next >", "b01"]),
+    state(page(2, "B09ABC1234"), ["back to search", "< prev", "next >", "b09abc1234"]), PRODUCT, SCORE], "test")
+
+
+def test_webshop_check_carries_a_search_mismatch_to_the_next_turn_only():
+    webshop = get_benchmark("webshop")
+    results = state(page(1, "B02"), ["back to search", "next >", "b02"])  # other results than the reference's
+    first = webshop.check(REFERENCE, 0, action="search[red shirt]", current=HOME, next=results)
+    assert first == CheckResult(True, SEARCH_MISMATCH_ALLOWED)
+    page2 = state(page(2, "B03", "B09ABC1234"), ["back to search", "< prev", "next >", "b03", "b09abc1234"])
+    kwargs = dict(action="click[next >]", current=results, next=page2)
+    assert webshop.check(REFERENCE, 1, **kwargs, previous=first).passed  # the next turn may differ too ...
+    assert webshop.check(REFERENCE, 1, **kwargs, previous=None).reason == "observation mismatch"  # ... only then
+    assert webshop.check(REFERENCE, 1, **kwargs, previous=CheckResult(True)).reason == "observation mismatch"
+    product = webshop.check(REFERENCE, 2, action="click[b09abc1234]", current=page2, next=PRODUCT,
+                            previous=CheckResult(True, SEARCH_MISMATCH_ALLOWED))
+    assert product == CheckResult(True)  # the click that follows meets the ordinary rules
+    bought = webshop.check(REFERENCE, 3, action="click[buy now]", current=PRODUCT, next=SCORE, previous=product)
+    assert bought.passed and webshop.succeeded(SCORE) and webshop.accepts_reference(SCORE)
+    assert webshop.check(REFERENCE, 4, action="click[back to search]", current=SCORE,
+                         next=SCORE) == CheckResult(False, "reference exhausted")
+
+
+def test_webshop_keeps_partial_scores_for_references_and_ranks_by_score():
+    webshop = get_benchmark("webshop")
+    partial = state(SCORE.observation.replace("1.0", "0.5"), done=True, score=50.0)
+    assert not webshop.succeeded(partial) and webshop.accepts_reference(partial)  # C.1 vs C.2
+    assert not webshop.accepts_reference(state("Thank you [SEP] Your score (min 0.0, max 1.0) [SEP] 0.0", done=True))
+    short = Reference("0", ["click[buy now]"], [PRODUCT, partial], "short")
+    assert webshop.rank(REFERENCE) < webshop.rank(short)  # the higher score wins over fewer actions
+    alfworld = get_benchmark("alfworld")
+    assert alfworld.rank(short) < alfworld.rank(REFERENCE)  # elsewhere the fewer actions
+
+
+@pytest.mark.skipif(WEBSHOP_INSTALLED, reason="WebShop is installed")
+def test_webshop_environment_needs_webshop_installed():
+    with pytest.raises(ImportError, match="git clone https://github.com/princeton-nlp/WebShop"):
+        get_benchmark("webshop", WebShopConfig(max_turns=7, num_products=100)).make_env()
+
+
+@pytest.mark.skipif(not WEBSHOP_INSTALLED, reason="WebShop is not installed (its code and data are not on PyPI)")
+def test_webshop_config_reaches_the_environment():
+    env = get_benchmark("webshop", WebShopConfig(max_turns=7, num_products=100)).make_env()
+    try:
+        assert env.max_turns == 7 and env.num_products == 100
+    finally:
+        env.close()
+
+
+def test_alfworld_config_reaches_the_environment(alfworld_games):
+    env = get_benchmark("alfworld", ALFWorldConfig(max_turns=1)).make_env()
+    try:
+        env.reset(alfworld_games[0])
+        assert env.max_turns == 1 and env.step("look").truncated
+    finally:
+        env.close()
+
+
+def test_references_are_built_only_by_the_configured_environment(tmp_path):
+    other = EnvPool(get_benchmark("alfworld", ALFWorldConfig(max_turns=5)).env_spec(), 1)  # never started
+    with pytest.raises(ValueError, match="pool: its workers run .*max_turns=5.*not the benchmark's configured"):
+        asyncio.run(build_references(get_benchmark("alfworld"), [], other, out=tmp_path / "refs.jsonl"))
+
+
+def test_reference_cache_lines_round_trip():
+    line = REFERENCE.to_json()
+    assert Reference.from_json(line) == REFERENCE and json.loads(line)["task"] == "0"
