@@ -338,6 +338,10 @@ class TrainConfig:
     """Fixed contexts on which the teacher-minus-student gap is tracked (0: off)."""
     probe_every: int = 1
     """Updates between two probe measurements."""
+    checkpoint_every: int = 10
+    """Updates between two checkpoints (the last update is always checkpointed)."""
+    keep_checkpoints: int = 1
+    """Checkpoints kept on disk (the newest ones)."""
     seed: int = 0
     out_dir: str = "runs/train"
 
@@ -351,7 +355,8 @@ class TrainConfig:
                    f"rollout.strategy={self.rollout.strategy!r} needs a reference cache")
         if self.references is not None:
             _check(Path(self.references).is_file(), "references", self.references, "is not a file")
-        for name in ("num_updates", "batch_samples", "num_minibatches", "micro_batch_tokens", "probe_every"):
+        for name in ("num_updates", "batch_samples", "num_minibatches", "micro_batch_tokens", "probe_every",
+                     "checkpoint_every", "keep_checkpoints"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         for name in ("train_tasks", "probe_contexts"):
             _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
@@ -413,6 +418,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     if tp is Any:
         return value
     if tp is float:
+        if isinstance(value, str):  # YAML 1.1 reads "2e-3" (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, value, "must be a number")
         return float(value)
     if tp is int:

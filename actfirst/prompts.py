@@ -23,6 +23,11 @@ from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import Benchmark
 
 
+class PromptTooLong(ValueError):
+    """Even the no-history prompt exceeds its token budget (B.2 never shortens the current observation, the
+    admissible-action information or the reference)."""
+
+
 class Mode(enum.Enum):
     FULL_RESPONSE = "full_response"
     NEXT_ACTION = "next_action"
@@ -188,7 +193,7 @@ def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_descriptio
         return best
     lo, hi, best = 0, len(history), attempt(len(history))  # invariant: start lo does not fit, start hi does
     if len(best.token_ids) > budget_tokens:
-        raise ValueError(f"budget_tokens={budget_tokens}: the {benchmark.name} {mode.value} prompt without history "
+        raise PromptTooLong(f"budget_tokens={budget_tokens}: the {benchmark.name} {mode.value} prompt without history "
                          f"needs {len(best.token_ids)} tokens (current observation, admissible actions and reference "
                          f"are never shortened)")
     while hi - lo > 1:

@@ -1,0 +1,288 @@
+"""Evaluation of a student checkpoint (Appendix C.1, C.4): think-then-act without references, the evaluation
+thinking budget, seeds 42, 43, 44; SR, Score (ScienceWorld, WebShop), Round, mean and sample SD over the seeds,
+overall and per task type (ALFWorld: seen and unseen pooled).
+
+::
+
+    report = await evaluate(engine, tokenizer, benchmark, benchmark.tasks("eval"), rollout=cfg.rollout)
+    print(report.table()); Path("report.json").write_text(report.to_json())
+
+    python -m actfirst.eval --checkpoint DIR --benchmark alfworld [--split eval] [--tasks N] [--seeds 42 43 44] \\
+        [--out report.json] [key=value ...]        # env config; rollout.*, engine.*, scheduler.* go to those configs
+
+Every task is played once per seed by the ``vanilla`` strategy (each turn executes its full response's action)
+with ``rollout.budget.eval_first_stage`` / ``eval_total`` in place of the training budget. Up to ``max_in_flight``
+episodes run at once on one engine and a pool of that many workers; a finished episode's worker takes the next
+(seed, task) at once, so the pool stays full across episodes and seeds. Episode i of seed s samples with seeds
+derived from (s, i) alone (never from scheduling), so a seed reproduces its run. An episode whose worker died or
+whose environment raised counts as a failure and is listed in the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig, load_config
+from actfirst.envs.benchmarks import Benchmark
+from actfirst.eval_report import EpisodeRecord, EvalReport, response_hash
+
+EVAL_SEEDS = (42, 43, 44)
+"""C.4's evaluation seeds."""
+
+
+def eval_rollout_config(rollout: RolloutConfig, max_in_flight: int) -> RolloutConfig:
+    """``rollout`` as evaluation runs it: think-then-act, the evaluation thinking budget (its first stage and total
+    replace the training ones; the second stage is unchanged), ``max_in_flight`` episodes at once."""
+    budget = dataclasses.replace(rollout.budget, first_stage=rollout.budget.eval_first_stage,
+                                 total=rollout.budget.eval_total)
+    return dataclasses.replace(rollout, strategy="vanilla", batch_tasks=max_in_flight, budget=budget)
+
+
+MAX_TASKS = 1 << 20
+"""Episode seeds leave room for this many tasks per evaluation seed."""
+
+
+def episode_seed(seed: int, index: int, stride: int) -> int:
+    """The base sampling seed of task ``index`` under evaluation seed ``seed``: a function of the two alone, so a
+    seed reproduces its run whatever the scheduling, and on any prefix of the task list.
+
+    The runner samples turn t's full response with ``base + 2t`` (its second stage with that plus the tokens
+    before it); ``stride`` exceeds the largest such offset, so no two episodes of any seeds share a sampling seed.
+    """
+    if not 0 <= index < MAX_TASKS:
+        raise ValueError(f"index={index}: must be in [0, {MAX_TASKS})")
+    return (seed * MAX_TASKS + index) * stride
+
+
+def engine_max_model_len(engine: Any) -> int | None:
+    """The running vLLM engine's max_model_len (None if this vLLM does not say)."""
+    try:
+        return int(engine.vllm.engine.model_config.max_model_len)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def order_rows(benchmark: Benchmark, types: Sequence[str]) -> list[str]:
+    """Task types in report order: the benchmark's own order where it has one (ALFWorld: Table 1's), then sorted."""
+    known = list(getattr(type(benchmark), "TASK_TYPES", {}).values())
+    present = set(types)
+    return [t for t in known if t in present] + sorted(present - set(known))
+
+
+def pick_tasks(benchmark: Benchmark, tasks: Sequence[Any], n: int) -> list:
+    """``n`` of ``tasks`` (0: all): the types share ``n`` as evenly as it allows (round-robin in list order), and
+    each type's share is spread evenly over that type's tasks, so a subset of ALFWorld's eval split (valid_seen
+    listed before valid_unseen) draws from both splits. Deterministic; returned interleaved by type."""
+    tasks = list(tasks)
+    if n <= 0 or n >= len(tasks):
+        return tasks
+    by_type: dict[str, list] = {}
+    for task in tasks:
+        by_type.setdefault(benchmark.task_type(task), []).append(task)
+    counts = dict.fromkeys(by_type, 0)
+    while sum(counts.values()) < n:
+        for name, group in by_type.items():
+            if counts[name] < len(group) and sum(counts.values()) < n:
+                counts[name] += 1
+    chosen = {name: [group[int((j + 0.5) * len(group) / counts[name])] for j in range(counts[name])]
+              for name, group in by_type.items()}
+    return [chosen[name][j] for j in range(max(counts.values())) for name in by_type if j < counts[name]]
+
+
+async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any], *,
+                   seeds: Sequence[int] = EVAL_SEEDS, rollout: RolloutConfig, max_in_flight: int = 16,
+                   progress: bool = True) -> EvalReport:
+    """Play every task once per seed with think-then-act and the evaluation budget; see the module docstring."""
+    from actfirst.envs.workers import EnvPool
+    from actfirst.rollout.runner import RolloutRunner
+    from actfirst.rollout.strategies import make_strategy
+
+    tasks, seeds = list(tasks), [int(s) for s in seeds]
+    if not tasks:
+        raise ValueError("tasks=[]: nothing to evaluate")
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"seeds={seeds}: need distinct seeds >= 0")
+    if max_in_flight < 1:
+        raise ValueError(f"max_in_flight={max_in_flight}: must be >= 1")
+    if len(tasks) > MAX_TASKS:
+        raise ValueError(f"{len(tasks)} tasks: at most {MAX_TASKS}")
+    cfg = eval_rollout_config(rollout, max_in_flight)
+    limit = engine_max_model_len(engine)
+    need = cfg.max_prompt_tokens + cfg.budget.total
+    if limit is not None and need > limit:
+        raise ValueError(f"rollout.max_prompt_tokens={cfg.max_prompt_tokens} + rollout.budget.eval_total="
+                         f"{cfg.budget.total} = {need} exceeds the engine's max_model_len={limit}")
+    stride = 2 * benchmark.max_turns + cfg.budget.total + 2
+    jobs = deque((seed, index) for seed in seeds for index in range(len(tasks)))
+    total, records = len(jobs), []
+    every = max(1, total // 20)
+    started = time.perf_counter()
+
+    with EnvPool(benchmark.env_spec(), size=min(max_in_flight, total)) as pool:
+        runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool,
+                               strategy=make_strategy("vanilla"), cfg=cfg, references=None)
+
+        async def slot(worker) -> None:
+            while jobs:
+                seed, index = jobs.popleft()
+                episode = await runner.run_episode(tasks[index], worker,
+                                                   seed=episode_seed(seed, index, stride))
+                records.append(EpisodeRecord(
+                    seed=seed, index=index, task=episode.task, task_type=episode.task_type,
+                    success=episode.won and episode.failure is None, score=float(episode.score),
+                    turns=episode.num_turns, invalid_turns=sum(not t.valid for t in episode.turns),
+                    actions=[t.action for t in episode.turns],
+                    response_tokens=[len(r.token_ids) for r in episode.full_responses],
+                    response_hashes=[response_hash(r.token_ids) for r in episode.full_responses],
+                    truncated_responses=sum(r.truncated for r in episode.full_responses), failure=episode.failure))
+                if episode.failure is not None:
+                    print(f"[eval] seed {seed} task {episode.task}: episode failed ({episode.failure})",
+                          file=sys.stderr, flush=True)
+                if progress and (len(records) % every == 0 or len(records) == total):
+                    wall = time.perf_counter() - started
+                    wins = sum(r.success for r in records)
+                    print(f"[eval {benchmark.name}] {len(records)}/{total} episodes, SR so far "
+                          f"{100 * wins / len(records):.1f}, {len(records) / wall:.2f} episodes/s", flush=True)
+
+        try:
+            async with asyncio.TaskGroup() as group:  # an unexpected error stops the other slots too
+                for worker in pool.workers:
+                    group.create_task(slot(worker))
+        except BaseExceptionGroup as group_error:
+            raise group_error.exceptions[0]
+
+    wall = time.perf_counter() - started
+    order = {s: i for i, s in enumerate(seeds)}
+    records.sort(key=lambda r: (order[r.seed], r.index))
+    meta = {"strategy": "vanilla", "references": None, "num_tasks": len(tasks), "max_in_flight": max_in_flight,
+            "rollout": dataclasses.asdict(cfg), "env": dataclasses.asdict(benchmark.config), "wall_s": wall,
+            "episodes_per_s": total / wall if wall > 0 else None,
+            "transitions": sum(r.turns for r in records)}
+    rows = order_rows(benchmark, [r.task_type for r in records])
+    return EvalReport(benchmark=benchmark.name, seeds=seeds, task_types=rows, episodes=records, meta=meta)
+
+
+# -- CLI -------------------------------------------------------------------------------------------------------------
+
+
+def split_overrides(overrides: Sequence[str]) -> dict[str, list[str]]:
+    """``key=value`` overrides by target: ``rollout.``, ``engine.``, ``scheduler.`` prefixes (stripped), the rest
+    for the benchmark's env config."""
+    out: dict[str, list[str]] = {"env": [], "rollout": [], "engine": [], "scheduler": []}
+    for item in overrides:
+        head, dot, rest = item.partition(".")
+        if dot and head in ("rollout", "engine", "scheduler") and "=" in rest and "=" not in head:
+            out[head].append(rest)
+        else:
+            out["env"].append(item)
+    return out
+
+
+def _load(cls: type, overrides: list[str], prefix: str, base: dict[str, Any] | None = None) -> Any:
+    """``cls`` from ``base`` values (JSON scalars are YAML too) overridden by ``overrides``; errors name
+    ``prefix.key``."""
+    defaults = [f"{key}={json.dumps(value)}" for key, value in (base or {}).items()]
+    try:
+        return load_config(cls, None, defaults + list(overrides))
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}.{e}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m actfirst.eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="the student's Hugging Face directory")
+    parser.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop"])
+    parser.add_argument("--split", default="eval", choices=["train", "eval"])
+    parser.add_argument("--tasks", type=int, default=0, help="evaluate N tasks, round-robin over task types (0: all)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(EVAL_SEEDS))
+    parser.add_argument("--out", help="write the JSON report here")
+    parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
+    parser.add_argument("--max-in-flight", type=int, default=16, help="episodes (and env workers) at once")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="env config overrides (generated_dir=..., max_turns=...); rollout.*, engine.*, "
+                             "scheduler.* override those configs (rollout.budget.eval_total=..., engine.dtype=...)")
+    return parser
+
+
+async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
+                scheduler_cfg: SchedulerConfig) -> EvalReport:
+    from transformers import AutoTokenizer
+
+    from actfirst.engine.core import ActFirstEngine
+
+    tasks = pick_tasks(benchmark, benchmark.tasks(args.split), args.tasks)
+    print(f"[eval {benchmark.name}] {len(tasks)} {args.split} tasks x seeds {args.seeds}, checkpoint "
+          f"{args.checkpoint}", flush=True)
+    engine = ActFirstEngine.from_config(engine_cfg, scheduler_cfg)
+    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
+    try:
+        return await evaluate(engine, tokenizer, benchmark, tasks, seeds=args.seeds, rollout=rollout,
+                              max_in_flight=args.max_in_flight)
+    finally:
+        await engine.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from actfirst.envs.benchmarks import load_benchmark
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not Path(args.checkpoint).is_dir():
+        parser.error(f"--checkpoint={args.checkpoint}: not a directory")
+    if args.max_in_flight < 1:
+        parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
+    if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
+        parser.error(f"--seeds={args.seeds}: need distinct seeds >= 0")
+    groups = split_overrides(args.overrides)
+    try:
+        benchmark = load_benchmark(args.benchmark, args.config, groups["env"])
+        rollout = _load(RolloutConfig, groups["rollout"], "rollout")
+        scheduler_cfg = _load(SchedulerConfig, groups["scheduler"], "scheduler", {"b_max": args.max_in_flight})
+        need = rollout.max_prompt_tokens + rollout.budget.eval_total
+        engine_cfg = _load(EngineConfig, groups["engine"], "engine", {
+            "model": args.checkpoint, "dtype": "bfloat16" if torch.cuda.is_available() else "float32",
+            "max_model_len": need, "max_num_seqs": scheduler_cfg.b_max, "max_num_batched_tokens": max(8192, need)})
+    except (ConfigError, ValueError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    from transformers import AutoConfig
+
+    positions = getattr(AutoConfig.from_pretrained(args.checkpoint), "max_position_embeddings", None)
+    problems = []
+    if positions is not None and engine_cfg.max_model_len > positions:
+        problems.append(f"engine.max_model_len={engine_cfg.max_model_len} exceeds the model's "
+                        f"max_position_embeddings={positions} (lower rollout.max_prompt_tokens or "
+                        f"rollout.budget.eval_total)")
+    if need > engine_cfg.max_model_len:
+        problems.append(f"rollout.max_prompt_tokens={rollout.max_prompt_tokens} + rollout.budget.eval_total="
+                        f"{rollout.budget.eval_total} = {need} exceeds engine.max_model_len={engine_cfg.max_model_len}")
+    if scheduler_cfg.b_max > engine_cfg.max_num_seqs:
+        problems.append(f"scheduler.b_max={scheduler_cfg.b_max} exceeds engine.max_num_seqs={engine_cfg.max_num_seqs}")
+    if problems:
+        print("config error: " + "; ".join(problems), file=sys.stderr)
+        return 2
+
+    report = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
+    report.meta.update({"checkpoint": str(args.checkpoint), "split": args.split})
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(report.to_json())
+    print(report.table(), flush=True)
+    if args.out:
+        print(f"wrote {args.out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

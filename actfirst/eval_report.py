@@ -1,0 +1,205 @@
+"""The evaluation report (Appendix C.1, C.4): per-seed SR / Score / Round, mean and sample SD across seeds, overall
+and per task type, a pooled Wilson interval of the success rate, a JSON form and a printed markdown table.
+
+Everything here is pure arithmetic on :class:`EpisodeRecord` rows; :func:`actfirst.eval.evaluate` produces them.
+
+- Per seed r (Eq. 33): SR_r = 100 x mean success, Score_r = mean final score on [0, 100], Round_r = mean executed
+  turns (invalid action attempts included), over the episodes of that seed (overall) or of one task type.
+- Across seeds (Eq. 34): the mean of M_r and the sample SD (n - 1 in the denominator; NaN for a single seed).
+- Success-rate interval: a 95% Wilson score interval of the success proportion pooled over every episode of every
+  seed. The seeds replay the same tasks, so the pooled episodes are not independent draws of tasks: the interval
+  describes sampling noise on this task set, not task-sampling uncertainty.
+- Score is reported only where the benchmark has partial scores (ScienceWorld, WebShop; C.1: not ALFWorld).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+PARTIAL_SCORE_BENCHMARKS = ("scienceworld", "webshop")
+"""Benchmarks whose Score column is reported (C.1)."""
+WILSON_Z = 1.959963984540054
+"""The standard normal 97.5% quantile: a two-sided 95% interval."""
+OVERALL = "overall"
+
+
+@dataclasses.dataclass(slots=True)
+class EpisodeRecord:
+    """One evaluation episode, reduced to what the report needs."""
+
+    seed: int
+    """The evaluation seed (42, 43, 44)."""
+    index: int
+    """The task's position in the evaluated task list."""
+    task: str
+    task_type: str
+    success: bool
+    """C.1 success of the final transition; False for a failed episode."""
+    score: float
+    """The final score on [0, 100]."""
+    turns: int
+    """Executed turns, invalid action attempts included (Round)."""
+    invalid_turns: int
+    actions: list[str]
+    response_tokens: list[int]
+    """Tokens of each turn's full response (sampled plus inserted)."""
+    response_hashes: list[str]
+    """A short hash of each turn's full-response token ids (:func:`response_hash`): two runs sampled the same
+    responses when these agree."""
+    truncated_responses: int
+    """Full responses that ended at the budget without a closed action field (B.3)."""
+    failure: str | None = None
+    """Why the episode was cut short (a worker died, the environment raised), else None."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def response_hash(token_ids: Sequence[int]) -> str:
+    """16 hex digits identifying a token sequence."""
+    return hashlib.blake2b(",".join(map(str, token_ids)).encode(), digest_size=8).hexdigest()
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Eq. 34: the mean and the sample standard deviation (n - 1); the SD of a single value is NaN."""
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan
+    mean = sum(values) / n
+    if n == 1:
+        return mean, math.nan
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+
+
+def wilson_interval(successes: int, n: int, z: float = WILSON_Z) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (``successes`` of ``n``), as proportions in [0, 1]."""
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes={successes}: must be in [0, n={n}]")
+    if n == 0:
+        return math.nan, math.nan
+    p = successes / n
+    z2 = z * z
+    denom = 1 + z2 / n
+    center = (p + z2 / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
+    # Exact at the edges (0 of n: the lower bound is 0; n of n: the upper is 1), not 1e-15 away.
+    return (0.0 if successes == 0 else max(0.0, center - half)), (1.0 if successes == n else min(1.0, center + half))
+
+
+def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
+    """Eq. 33 over ``records``: SR (percent), Score, Round, and the episode count n."""
+    n = len(records)
+    if n == 0:
+        return {"SR": math.nan, "Score": math.nan, "Round": math.nan, "n": 0}
+    return {"SR": 100.0 * sum(r.success for r in records) / n, "Score": sum(r.score for r in records) / n,
+            "Round": sum(r.turns for r in records) / n, "n": n}
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: NaN and infinities become null, recursively."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+@dataclasses.dataclass(slots=True)
+class EvalReport:
+    """An evaluation of one checkpoint on one benchmark under several seeds."""
+
+    benchmark: str
+    seeds: list[int]
+    task_types: list[str]
+    """The per-type rows, in report order."""
+    episodes: list[EpisodeRecord]
+    """Every episode of every seed, ordered by seed then task index."""
+    meta: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """How the evaluation ran (configs, wall time); copied into the JSON."""
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The reported metrics (C.1: Score only for ScienceWorld and WebShop)."""
+        return ("SR", "Score", "Round") if self.benchmark in PARTIAL_SCORE_BENCHMARKS else ("SR", "Round")
+
+    @property
+    def rows(self) -> list[str]:
+        return [OVERALL, *self.task_types]
+
+    @property
+    def failures(self) -> list[EpisodeRecord]:
+        """Episodes cut short by a dead worker or an environment error (counted as failures)."""
+        return [r for r in self.episodes if r.failure is not None]
+
+    def records(self, row: str = OVERALL, seed: int | None = None) -> list[EpisodeRecord]:
+        return [r for r in self.episodes if (row == OVERALL or r.task_type == row) and (seed is None or r.seed == seed)]
+
+    def per_seed(self, row: str = OVERALL) -> dict[int, dict[str, float]]:
+        """Eq. 33 for each seed, on ``row``'s episodes."""
+        return {seed: episode_metrics(self.records(row, seed)) for seed in self.seeds}
+
+    def summary(self, row: str = OVERALL) -> dict[str, Any]:
+        """``row``'s metrics across seeds (Eq. 34) with their per-seed values, and the pooled Wilson interval."""
+        per_seed = self.per_seed(row)
+        pooled = self.records(row)
+        successes = sum(r.success for r in pooled)
+        lo, hi = wilson_interval(successes, len(pooled))
+        out: dict[str, Any] = {"tasks": len({r.index for r in pooled}), "episodes": len(pooled),
+                               "successes": successes}
+        for metric in self.metrics:
+            values = [per_seed[s][metric] for s in self.seeds]
+            mean, sd = mean_sd(values)
+            out[metric] = {"mean": mean, "sd": sd, "per_seed": values}
+        out["SR_ci95_pooled"] = [100 * lo, 100 * hi]
+        return out
+
+    def responses(self) -> dict[str, float]:
+        """Full-response lengths and truncation over all turns of all episodes (is the budget binding?)."""
+        lengths = [n for r in self.episodes for n in r.response_tokens]
+        truncated = sum(r.truncated_responses for r in self.episodes)
+        return {"count": len(lengths), "mean_tokens": sum(lengths) / len(lengths) if lengths else math.nan,
+                "max_tokens": max(lengths, default=0),
+                "truncated_frac": truncated / len(lengths) if lengths else math.nan}
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite({
+            "benchmark": self.benchmark, "seeds": list(self.seeds), "metrics": list(self.metrics),
+            "rows": self.rows, "summary": {row: self.summary(row) for row in self.rows},
+            "responses": self.responses(),
+            "failures": [{"seed": r.seed, "index": r.index, "task": r.task, "reason": r.failure}
+                         for r in self.failures],
+            "meta": self.meta, "episodes": [r.to_dict() for r in self.episodes],
+        })
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=str, allow_nan=False)
+
+    def table(self) -> str:
+        """A markdown table: overall and each task type; each metric as mean ± sample SD over the seeds."""
+        lines = [f"{self.benchmark}: {len(self.seeds)} seed(s) {', '.join(map(str, self.seeds))} x "
+                 f"{len(self.records(OVERALL, self.seeds[0])) if self.seeds else 0} tasks; mean ± SD over seeds",
+                 "", "| Task type | Tasks | " + " | ".join(self.metrics) + " | SR 95% CI (pooled) |",
+                 "|---|---:|" + "---:|" * len(self.metrics) + "---:|"]
+        for row in self.rows:
+            s = self.summary(row)
+            cells = [_pm(s[m]["mean"], s[m]["sd"]) for m in self.metrics]
+            lo, hi = s["SR_ci95_pooled"]
+            lines.append(f"| {'Overall' if row == OVERALL else row} | {s['tasks']} | " + " | ".join(cells)
+                         + f" | [{lo:.1f}, {hi:.1f}] |")
+        lines.append("")
+        lines.append(f"Episodes: {len(self.episodes)}, failed (worker died or environment error): "
+                     f"{len(self.failures)}")
+        return "\n".join(lines)
+
+
+def _pm(mean: float, sd: float) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    return f"{mean:.1f} ± {'n/a' if math.isnan(sd) else f'{sd:.1f}'}"

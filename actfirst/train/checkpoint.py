@@ -1,0 +1,243 @@
+"""Training checkpoints: a Hugging Face directory plus the trainer's state, written atomically.
+
+    <out_dir>/checkpoints/update_000012/   config.json, generation_config.json, model.safetensors, tokenizer files,
+                                           chat_template.jinja (transformers and vLLM load it as is),
+                                           trainer_state.pt (optimizer, schedule, buffer, RNG, counters, extra),
+                                           checkpoint.json (written last: update, time, contents)
+    <out_dir>/checkpoints/latest           the name of the newest committed checkpoint
+
+A checkpoint is written into ``.tmp-update_000012-<pid>``, fsynced, renamed into place, and committed by atomically
+replacing ``latest``; a kill at any moment leaves the previous checkpoint and the pointer intact, and the ``.tmp-``
+leftovers are removed by the next save. Resuming loses at most the update in flight.
+
+The loop logs an update's metrics before checkpointing it, and on resume calls :func:`truncate_metrics` with the
+checkpoint's update before appending again, so ``metrics.jsonl`` continues the same series without duplicates.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import datetime
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+_TMP = ".tmp-"
+"""Prefix of everything written but not committed (removed by the next save)."""
+_NAME = re.compile(r"update_(\d{6,})")
+_SCALARS = (str, int, float, bool, type(None))
+"""Exact types (numpy's float64 is a float, yet ``torch.load(weights_only=True)`` refuses it)."""
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written (unwritable directory, full disk); nothing earlier was changed."""
+
+
+def save_checkpoint(out_dir: str | Path, *, update: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
+                    extra: dict[str, Any] | None = None, keep: int = 1) -> Path:
+    """Write ``<out_dir>/checkpoints/update_<NNNNNN>`` atomically, point ``latest`` at it and delete the others
+    beyond ``keep`` (the ``keep - 1`` newest before it stay; later ones, left by an abandoned run, go).
+
+    ``trainer_state`` (e.g. ``StudentUpdater.state_dict()``, ``SampleBuffer.state_dict()``, counters) and ``extra``
+    must hold only dicts, lists, tuples, strings, numbers, None and tensors (checkpoints load with
+    ``weights_only=True``); the python/numpy/torch RNG states are added under ``"rng"``. Raises
+    :class:`CheckpointError` when the write fails (the temporary directory is removed; the previous checkpoint and
+    ``latest`` are untouched).
+    """
+    if update < 0 or keep < 1:
+        raise ValueError(f"update={update!r}, keep={keep!r}: need update >= 0 and keep >= 1")
+    if {"extra", "rng"} & trainer_state.keys() or trainer_state.get("update", update) != update:
+        raise ValueError(f"trainer_state keys {sorted(trainer_state)}: 'extra' and 'rng' are set by save_checkpoint, "
+                         f"and 'update' must equal update={update}")
+    state = {**trainer_state, "update": update, "extra": dict(extra or {}), "rng": _rng_state()}
+    _check_plain(state, "trainer_state")
+    root = Path(out_dir) / "checkpoints"
+    name = f"update_{update:06d}"
+    final = root / name
+    if _read_pointer(root) == name:
+        raise ValueError(f"update={update}: {final} is already the latest checkpoint")
+    tmp, pointer = root / f"{_TMP}{name}-{os.getpid()}", root / f"{_TMP}latest-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(root)
+        tmp.mkdir()
+        model.save_pretrained(tmp, safe_serialization=True)  # + config.json, generation_config.json
+        tokenizer.save_pretrained(tmp)  # + chat_template.jinja
+        with open(tmp / "trainer_state.pt", "wb") as f:  # a file object: a failed write raises the OSError itself
+            torch.save(state, f)
+        for path in tmp.iterdir():
+            _fsync(path)
+        _write_synced(tmp / "checkpoint.json", json.dumps({
+            "update": update, "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},
+            "trainer_state": sorted(state), "extra": sorted(state["extra"])}, indent=1))
+        _fsync(tmp)
+        _write_synced(pointer, name + "\n")
+        if final.exists():  # written by a run killed before it moved `latest`; not what `latest` names
+            final.rename(root / f"{_TMP}old-{name}-{os.getpid()}")
+        tmp.rename(final)
+        os.replace(pointer, root / "latest")  # the commit
+        _fsync(root)
+    except Exception as e:  # OSError, and the Rust writers' errors (safetensors, tokenizers) on a full disk
+        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            pointer.unlink(missing_ok=True)
+        cause = _os_error(e)
+        raise CheckpointError(f"checkpoint of update {update} not written to {root}: {type(cause).__name__}: "
+                              f"{cause}; the previous checkpoint and {root / 'latest'} are unchanged") from e
+    _prune(root, update, keep)
+    return final
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    """The checkpoint ``latest`` names; without a valid pointer the newest complete ``update_*`` (None if none)."""
+    root = Path(out_dir) / "checkpoints"
+    name = _read_pointer(root)
+    if name is not None and (root / name / "checkpoint.json").is_file():
+        return root / name
+    complete = [p for _, p in _checkpoints(root) if (p / "checkpoint.json").is_file()]
+    return complete[-1] if complete else None
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """The trainer state saved in checkpoint ``path`` (with ``update``, ``extra`` and ``rng``; see
+    :func:`restore_rng`); the model and tokenizer load from ``path`` with ``from_pretrained``."""
+    path = Path(path)
+    if not (path / "checkpoint.json").is_file():
+        raise CheckpointError(f"{path}: not a complete checkpoint (no checkpoint.json)")
+    return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    """Put back the python, numpy and torch (CPU, CUDA) RNG states saved with ``state``."""
+    rng = state["rng"]
+    version, internal, gauss = rng["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = rng["numpy"]
+    np.random.set_state((np_state["kind"], np.asarray(np_state["key"], dtype=np.uint32), np_state["pos"],
+                         np_state["has_gauss"], np_state["gauss"]))
+    torch.set_rng_state(rng["torch"])
+    if rng["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def truncate_metrics(path: str | Path, last_update: int) -> int:
+    """Drop the records of ``path`` (metrics JSONL) with ``update > last_update`` and a cut last line (no newline),
+    rewriting it atomically; returns the number of lines dropped (0: the file, if any, is unchanged)."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    *lines, cut = path.read_text().split("\n")  # cut is "" when the last record is complete
+    kept = []
+    for i, line in enumerate(lines, 1):
+        try:
+            record_update = json.loads(line)["update"]
+        except (ValueError, TypeError, KeyError) as e:
+            raise ValueError(f"{path}:{i}: not a metrics record with an update ({e}): {line[:80]!r}") from e
+        if record_update <= last_update:
+            kept.append(line + "\n")
+    dropped = len(lines) - len(kept) + (cut != "")
+    if dropped:
+        tmp = path.with_name(f"{_TMP}{path.name}-{os.getpid()}")
+        try:
+            _write_synced(tmp, "".join(kept))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync(path.parent)
+    return dropped
+
+
+def _os_error(e: BaseException) -> BaseException:
+    """The OSError behind ``e`` (torch.save raises a RuntimeError over it), else ``e``."""
+    cause: BaseException | None = e
+    while cause is not None and not isinstance(cause, OSError):
+        cause = cause.__cause__ or cause.__context__
+    return cause or e
+
+
+def _rng_state() -> dict[str, Any]:
+    kind, key, pos, has_gauss, gauss = np.random.get_state()
+    return {"python": random.getstate(),
+            "numpy": {"kind": kind, "key": key.tolist(), "pos": pos, "has_gauss": has_gauss, "gauss": gauss},
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Raise TypeError naming the first value that ``weights_only`` loading would refuse."""
+    if type(value) in (dict, collections.OrderedDict):
+        for k, v in value.items():
+            if type(k) not in (str, int):
+                raise TypeError(f"{where}: key {k!r} of type {type(k).__name__}; checkpoints take str or int keys")
+            _check_plain(v, f"{where}[{k!r}]")
+    elif type(value) in (list, tuple):
+        for i, v in enumerate(value):
+            _check_plain(v, f"{where}[{i}]")
+    elif type(value) not in _SCALARS and not isinstance(value, (torch.Tensor, torch.Size, torch.dtype)):
+        raise TypeError(f"{where}: {type(value).__name__} cannot be checkpointed; convert it to dicts, lists, "
+                        "numbers, strings or tensors")
+
+
+def _checkpoints(root: Path) -> list[tuple[int, Path]]:
+    """The ``update_*`` directories of ``root`` with their updates, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted((int(m[1]), p) for p in root.iterdir() if (m := _NAME.fullmatch(p.name)) and p.is_dir())
+
+
+def _read_pointer(root: Path) -> str | None:
+    try:
+        name = (root / "latest").read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return name if _NAME.fullmatch(name) else None
+
+
+def _prune(root: Path, update: int, keep: int) -> None:
+    """Delete the checkpoints other than ``update`` and the ``keep - 1`` newest before it, renamed to ``.tmp-`` names
+    first (a kill inside the deletion never leaves a half-deleted ``update_*``), and every other ``.tmp-`` entry."""
+    others = [(u, p) for u, p in _checkpoints(root) if u != update]
+    older = [p for u, p in others if u < update]
+    kept = set(older[max(0, len(older) - keep + 1):])
+    try:
+        for _, path in others:
+            if path not in kept:
+                path.rename(root / f"{_TMP}del-{path.name}-{os.getpid()}")
+        _remove_leftovers(root)
+    except OSError as e:  # the new checkpoint is committed; what is left behind is only disk space
+        warnings.warn(f"could not delete old checkpoints in {root}: {e}", stacklevel=3)
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Remove what killed or failed saves left (``.tmp-*``)."""
+    for path in root.iterdir():
+        if path.name.startswith(_TMP):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,91 @@
+"""Training metrics: rollout statistics (Appendix F's reference alignment, fallbacks, throughput) and the sink that
+writes them (JSONL always, TensorBoard where installed, one line per update on the terminal)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from actfirst.rollout.runner import RolloutBatch
+
+ALIGNMENT_WINDOW = 10
+"""Appendix F: windowed rates aggregate the latest 10 completed rollout batches."""
+
+
+def rollout_metrics(batches: Sequence[RolloutBatch]) -> dict[str, float]:
+    """Counts aggregated over ``batches`` (Appendix F): first-action and full-trajectory alignment over guided
+    episodes, aligned-turn coverage over all executed turns, the fallback rate and the mean turn of the first
+    fallback, and the rollouts' success rate, turns and failures."""
+    episodes = [e for b in batches for e in b.episodes]
+    guided = [e for e in episodes if e.guided]
+    started = [e for e in guided if e.turns]
+    fallbacks = [e.fallback_turn for e in guided if e.fallback_turn is not None]
+    turns = sum(e.num_turns for e in episodes)
+    nan = float("nan")
+    return {
+        "rollout/success_rate": sum(e.won for e in episodes) / len(episodes) if episodes else nan,
+        "rollout/mean_turns": turns / len(episodes) if episodes else nan,
+        "rollout/failed_episodes": sum(e.failure is not None for e in episodes),
+        "align/first_action": sum(e.turns[0].check == "passed" for e in started) / len(started) if started else nan,
+        "align/full_trajectory": sum(e.fully_aligned for e in guided) / len(guided) if guided else nan,
+        "align/turn_coverage": sum(e.aligned_turns for e in guided) / turns if guided and turns else nan,
+        "fallback/rate": len(fallbacks) / len(guided) if guided else nan,
+        "fallback/mean_turn": sum(fallbacks) / len(fallbacks) if fallbacks else nan,
+        "rollout/nap_retries": sum(t.proposal is not None for e in episodes for t in e.turns),
+    }
+
+
+class MetricsSink:
+    """Writes one record per update to ``<out_dir>/metrics.jsonl`` (appending, so a resumed run continues the
+    series), to TensorBoard when ``tensorboard`` is installed, and a one-line summary to the terminal."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+        except ImportError:  # tensorboard is optional
+            self._tb = None
+
+    def log(self, update: int, record: dict[str, Any]) -> None:
+        record = {"update": update, **record}
+        self._file.write(json.dumps(_finite(record), default=str) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                    self._tb.add_scalar(key, value, update)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _finite(value: Any) -> Any:
+    """NaN and inf become null (JSON has neither)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    return value
+
+
+def summary_line(update: int, record: dict[str, Any]) -> str:
+    """The terminal line of one update."""
+
+    def f(key: str, fmt: str) -> str:
+        value = record.get(key)
+        return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, fmt)
+
+    return (f"update {update:4d} | loss {f('loss', '+.4f')} | gap {f('teacher_minus_old', '+.3f')} "
+            f"| probe gap {f('probe/gap', '+.3f')} | mismatch {f('mismatch_mean', '.1e')} "
+            f"| clip {f('clip_frac', '.3f')}/{f('dual_clip_frac', '.3f')} | SR {f('rollout/success_rate', '.2f')} "
+            f"| env {f('env_steps_per_s', '.2f')}/s | v{record.get('weight_version', '-')} "
+            f"| {f('update_wall_s', '.1f')} s")

@@ -1,0 +1,203 @@
+"""Every rollout strategy on the real simulators (generated ALFWorld games, ScienceWorld), the real engine and a tiny
+random student: what each strategy executes, the NAP fallback, the invalid-proposal rule, prefix replay, and that
+full responses never block a transition."""
+
+import asyncio
+
+import pytest
+
+from actfirst.config import ALFWorldConfig, RolloutConfig, SchedulerConfig, ScienceWorldConfig, ThinkingBudgetConfig
+from actfirst.envs.benchmarks import get_benchmark
+from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+from actfirst.envs.workers import EnvPool
+from actfirst.references import Reference, replay
+from actfirst.rollout.runner import RolloutRunner, episode_samples
+from actfirst.rollout.strategies import ActionSource, make_strategy
+from transformers import AutoTokenizer
+
+BUDGET = ThinkingBudgetConfig(first_stage=24, total=32, second_stage=8, fast_action_tokens=6)
+
+
+def build_references(benchmark, tasks, actions_of):
+    """References by replaying a known solution of each task (what ``actfirst.references`` selects from)."""
+
+    async def run():
+        with EnvPool(benchmark.env_spec(), size=1) as pool:
+            refs = {}
+            for task in tasks:
+                executed, transitions = await replay(pool.workers[0], task, actions_of(task))
+                assert transitions[-1].done and benchmark.succeeded(transitions[-1])
+                refs[benchmark.task_key(task)] = Reference(benchmark.task_key(task), executed, transitions, "test")
+            return refs
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def alfworld(alfworld_games):
+    from actfirst.envs.alfworld_env import walkthrough
+
+    benchmark = get_benchmark("alfworld", ALFWorldConfig(max_turns=5))
+    tasks = alfworld_games[:3]
+    return benchmark, tasks, build_references(benchmark, tasks, walkthrough)
+
+
+@pytest.fixture(scope="module")
+def scienceworld():
+    cfg = ScienceWorldConfig(train_task_types=["find-non-living-thing"], max_turns=4)
+    benchmark = get_benchmark("scienceworld", cfg)
+    tasks = [ScienceWorldTask("find-non-living-thing", v) for v in (0, 1)]
+
+    async def gold(pool, task):
+        return await pool.workers[0].acall("gold_path", task)
+
+    with EnvPool(benchmark.env_spec(), size=1) as pool:
+        paths = {t: asyncio.run(gold(pool, t)) for t in tasks}
+    return benchmark, tasks, build_references(benchmark, tasks, lambda t: [a for a in paths[t]
+                                                                          if not a.startswith("open door")])
+
+
+def run(engine, tiny_model_dir, setup, strategy, **rollout):
+    benchmark, tasks, refs = setup
+    engine.reconfigure(SchedulerConfig(b_max=8))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = RolloutConfig(strategy=strategy, batch_tasks=len(tasks), max_prompt_tokens=2000, budget=BUDGET, **rollout)
+    strat = make_strategy(strategy)
+
+    async def go():
+        with EnvPool(benchmark.env_spec(), size=len(tasks)) as pool:
+            runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool, strategy=strat,
+                                   cfg=cfg, references=refs if strat.uses_references else None, seed=3)
+            return await runner.run_batch(tasks, batch_index=0)
+
+    return asyncio.run(go()), refs
+
+
+def check_common(batch, benchmark):
+    """What every strategy must do: one full response and one sample per visited context, finished."""
+    for episode in batch.episodes:
+        assert episode.failure is None
+        assert 1 <= episode.num_turns <= benchmark.max_turns
+        # A full response for every visited context: one per executed turn (the last context may end the episode).
+        assert len(episode.full_responses) == episode.num_turns
+        samples = episode_samples(episode, "x")
+        assert [s.turn for s in samples] == list(range(episode.num_turns))
+        for s, r in zip(samples, episode.full_responses):
+            assert len(s.response_ids) == len(s.loss_mask) == len(s.logprobs) > 0
+            assert r.weight_version >= 0
+    assert len(batch.samples) == sum(e.num_turns for e in batch.episodes)
+
+
+@pytest.mark.parametrize("setup_name", ["alfworld", "scienceworld"])
+def test_actfirst_fast_actions_fallback_and_invalid_proposal(engine, tiny_model_dir, setup_name, request):
+    setup = request.getfixturevalue(setup_name)
+    benchmark = setup[0]
+    batch, refs = run(engine, tiny_model_dir, setup, "actfirst")
+    check_common(batch, benchmark)
+    for episode in batch.episodes:
+        assert episode.guided
+        fallback = episode.fallback_turn
+        for record in episode.turns:
+            # The executed action is the fast one, never the full response's.
+            assert record.fast is not None and record.action == record.fast.action
+            assert record.source in (ActionSource.INVERSE_DYNAMICS, ActionSource.NAP_RETRY, ActionSource.NEXT_ACTION)
+            if fallback is None or record.turn <= fallback:  # guided: inverse dynamics, checked
+                assert record.source != ActionSource.NEXT_ACTION and record.check is not None
+            else:  # the fallback is permanent: NAP, no check
+                assert record.source == ActionSource.NEXT_ACTION and record.check is None
+            # B.5: an invalid proposal was replaced by one NAP request before execution.
+            if record.source == ActionSource.NAP_RETRY:
+                assert record.proposal is not None
+            if record.proposal is not None:
+                assert record.source == ActionSource.NAP_RETRY
+        if fallback is not None:
+            assert episode.turns[fallback].check != "passed"
+            assert all(r.check == "passed" for r in episode.turns[:fallback])
+        assert episode.aligned_turns == sum(r.check == "passed" for r in episode.turns)
+    # A tiny random student proposes junk: its proposals are invalid, so the retry rule is exercised.
+    assert any(r.source == ActionSource.NAP_RETRY for e in batch.episodes for r in e.turns)
+
+
+def test_no_full_response_blocks_a_transition(engine, tiny_model_dir, alfworld):
+    batch, _ = run(engine, tiny_model_dir, alfworld, "no_id")
+    overtaken = 0
+    for episode in batch.episodes:
+        for record in episode.turns[1:]:
+            # The step of turn t started before the full response of turn t - 1 finished: nothing waited for it.
+            overtaken += record.step_started < episode.full_response_done[record.turn - 1]
+        assert all(r.source == ActionSource.NEXT_ACTION and r.check is None for r in episode.turns)
+        assert not episode.guided
+    assert overtaken > 0
+    # Fast actions were admitted first: no fast action waited behind a full response's admission.
+    fast = [r for r in engine.records if r.kind.name == "FAST_ACTION"]
+    full = [r for r in engine.records if r.kind.name == "FULL_RESPONSE"]
+    assert fast and full
+    assert not any(f.arrival_seq < seq < f.admit_seqs[0] for x in full for seq in x.admit_seqs for f in fast)
+
+
+def test_vanilla_executes_the_full_response_action(engine, tiny_model_dir, alfworld):
+    batch, _ = run(engine, tiny_model_dir, alfworld, "vanilla")
+    check_common(batch, alfworld[0])
+    for episode in batch.episodes:
+        assert not episode.guided
+        for record, response in zip(episode.turns, episode.full_responses):
+            assert record.source == ActionSource.FULL_RESPONSE and record.fast is None
+            assert record.action == response.action
+
+
+@pytest.mark.parametrize("strategy,fraction", [("ref_prefix_50", 0.5), ("ref_prefix_100", 1.0)])
+def test_prefix_replay_executes_exactly_the_reference_prefix(engine, tiny_model_dir, alfworld, strategy, fraction):
+    import math
+
+    batch, refs = run(engine, tiny_model_dir, alfworld, strategy)
+    check_common(batch, alfworld[0])
+    for episode in batch.episodes:
+        ref = refs[episode.task]
+        k = math.ceil(fraction * len(ref.actions))
+        replayed = [r.action for r in episode.turns if r.source == ActionSource.REFERENCE]
+        assert replayed == ref.actions[: min(k, episode.num_turns)]
+        assert all(r.source == ActionSource.NEXT_ACTION for r in episode.turns[k:])
+        if fraction == 1.0 and len(ref.actions) <= alfworld[0].max_turns:
+            assert episode.won and episode.num_turns == len(ref.actions)
+
+
+def test_no_nap_ends_the_episode_at_the_first_failed_check(engine, tiny_model_dir, alfworld):
+    batch, _ = run(engine, tiny_model_dir, alfworld, "no_nap")
+    check_common(batch, alfworld[0])
+    for episode in batch.episodes:
+        if episode.fallback_turn is not None:
+            assert episode.num_turns == episode.fallback_turn + 1
+        assert all(r.source != ActionSource.NEXT_ACTION for r in episode.turns)
+
+
+def test_a_dying_worker_fails_its_episode_and_the_batch_goes_on(engine, tiny_model_dir, alfworld):
+    """Fault injection: the environment worker of one episode is killed mid-episode."""
+    import os
+    import signal
+
+    benchmark, tasks, refs = alfworld
+    engine.reconfigure(SchedulerConfig(b_max=8))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = RolloutConfig(strategy="no_id", batch_tasks=len(tasks), max_prompt_tokens=2000, budget=BUDGET)
+
+    async def go():
+        with EnvPool(benchmark.env_spec(), size=len(tasks)) as pool:
+            runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool,
+                                   strategy=make_strategy("no_id"), cfg=cfg, references=None, seed=5)
+            victim = pool.workers[0]
+
+            async def kill_soon():
+                while engine.num_steps < 3:
+                    await asyncio.sleep(0.01)
+                os.kill(victim.pid, signal.SIGKILL)
+
+            batch, _ = await asyncio.gather(runner.run_batch(tasks, 0), kill_soon())
+            again = await runner.run_batch(tasks, 1)  # the restarted worker plays the next episode
+            return batch, again
+
+    batch, again = asyncio.run(go())
+    failed = [e for e in batch.episodes if e.failure is not None]
+    assert len(failed) == 1 and "WorkerDied" in failed[0].failure
+    # The samples of the contexts it had visited are kept; the other episodes finished.
+    assert len(failed[0].full_responses) in (failed[0].num_turns, failed[0].num_turns + 1)  # killed in a reset or a step
+    assert all(e.failure is None for e in again.episodes)
