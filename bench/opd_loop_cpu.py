@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         results[strategy] = {
             "wall_s": result.wall_s, "transitions": result.num_transitions, "weight_version": result.weight_version,
             "probe_gap": [r.get("probe/gap") for r in rows], "elapsed_s": [r["elapsed_s"] for r in rows],
-            "mismatch_mean": [r.get("mismatch_mean") for r in rows], "mismatch_max": [r.get("mismatch_max") for r in rows],
+            "mismatch_mean": [r.get("mismatch_mean") for r in rows],
+            "mismatch_max": [r.get("mismatch_max") for r in rows],
             "discarded_frac": [r["discarded_frac"] for r in rows],
         }
     (out / "results.json").write_text(json.dumps(results, indent=1))

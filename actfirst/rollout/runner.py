@@ -33,7 +33,7 @@ from actfirst.prompts import Mode, PromptTooLong, Step, build_prompt
 from actfirst.references import Reference
 from actfirst.rollout.actions import FastAction, generate_fast_action
 from actfirst.rollout.budget import FullResponse, generate_full_response
-from actfirst.rollout.strategies import ActionSource, Guidance, RolloutStrategy
+from actfirst.rollout.strategies import ActionSource, RolloutStrategy
 from actfirst.train.sample import Sample
 
 
@@ -137,6 +137,7 @@ class RolloutRunner:
         if self.strategy.uses_references and reference is None:
             raise KeyError(f"task {key!r}: no reference in the cache")
         guidance = self.strategy.start()
+        guided_episode = guidance.active
         history: list[Step] = []
         turns: list[TurnRecord] = []
         contexts: list[list[int]] = []
@@ -171,14 +172,13 @@ class RolloutRunner:
         except (WorkerDied, EnvError, PromptTooLong) as exc:
             failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"
         fulls = list(await asyncio.gather(*full_tasks))
+        done = bool(last and last.done)
         return EpisodeResult(
             task=key, task_type=self.benchmark.task_type(task), turns=turns, score=last.score if last else 0.0,
-            won=bool(last and self.benchmark.succeeded(last)), done=bool(last and last.done),
-            guided=self.strategy.start().active, fallback_turn=guidance.fallback_turn,
-            aligned_turns=guidance.aligned_turns,
-            fully_aligned=bool(self.strategy.start().active and guidance.active and last and last.done
-                               and failure is None),
-            contexts=contexts, full_responses=[f for f, _ in fulls], full_response_done=[d for _, d in fulls], failure=failure)
+            won=bool(last and self.benchmark.succeeded(last)), done=done, guided=guided_episode,
+            fallback_turn=guidance.fallback_turn, aligned_turns=guidance.aligned_turns,
+            fully_aligned=guided_episode and guidance.active and done and failure is None, contexts=contexts,
+            full_responses=[f for f, _ in fulls], full_response_done=[d for _, d in fulls], failure=failure)
 
     def _prompt(self, mode: Mode, current: Transition, history: list[Step], reference_next: str | None = None):
         return build_prompt(self.tokenizer, self.benchmark, mode, task_description=current.task_description,

@@ -263,8 +263,10 @@ async def _probe_gap(engine: ActFirstEngine, tokenizer, teacher: TeacherScorer, 
     budget = cfg.rollout.budget
     responses = await asyncio.gather(*(generate_full_response(
         engine, tokenizer, ctx, first_stage=budget.first_stage, total=budget.total, second_stage=budget.second_stage,
-        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=10_007 + i) for i, ctx in enumerate(contexts)))
-    samples: list[Sample] = [r.to_sample(c, task="probe", turn=0, strategy="probe") for c, r in zip(contexts, responses)]
+        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=10_007 + i)
+        for i, ctx in enumerate(contexts)))
+    samples: list[Sample] = [r.to_sample(c, task="probe", turn=0, strategy="probe")
+                             for c, r in zip(contexts, responses)]
     teacher.score(samples)
     diffs = [t - s for x in samples for t, s, m in zip(x.teacher_logprobs, x.logprobs, x.loss_mask) if m]
     return sum(diffs) / len(diffs) if diffs else math.nan

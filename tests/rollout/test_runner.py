@@ -199,5 +199,6 @@ def test_a_dying_worker_fails_its_episode_and_the_batch_goes_on(engine, tiny_mod
     failed = [e for e in batch.episodes if e.failure is not None]
     assert len(failed) == 1 and "WorkerDied" in failed[0].failure
     # The samples of the contexts it had visited are kept; the other episodes finished.
-    assert len(failed[0].full_responses) in (failed[0].num_turns, failed[0].num_turns + 1)  # killed in a reset or a step
+    # Killed during a reset (no context yet) or during a step (its context's full response is kept).
+    assert len(failed[0].full_responses) in (failed[0].num_turns, failed[0].num_turns + 1)
     assert all(e.failure is None for e in again.episodes)

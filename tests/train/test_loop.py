@@ -96,3 +96,15 @@ def test_bad_config_is_named(run_config, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "actfirst.train", "--config", str(path)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "rollout.strategy='actfrist'" in proc.stderr
+
+
+def test_overlap_keeps_the_staleness_rule(run_config, tmp_path):
+    """Rollouts collected while the update runs (in a thread): every consumed sample is of the current or the
+    immediately preceding weight version, and weight updates between rollout batches throw nothing away."""
+    config, _ = run_config
+    train_cli(config, "overlap=true", "num_updates=3", f"out_dir={tmp_path / 'overlap'}")
+    rows = read_metrics(tmp_path / "overlap")
+    assert [r["weight_version"] for r in rows] == [1, 2, 3]
+    assert all(0 <= r["version_lag_mean"] <= 1 for r in rows)
+    assert all(r["discarded_tokens"] == 0 and r["skipped"] == 0 for r in rows)
+    assert rows[0]["mismatch_mean"] < 1e-4

@@ -1,0 +1,146 @@
+"""Every shipped YAML under configs/ loads into its class; the nine training configs hold the paper's settings.
+
+No engine, model or environment is started: paths are overridden with empty temporary directories and files.
+"""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from actfirst.config import (STRATEGIES, ALFWorldConfig, ConfigError, ModelConfig, RolloutSpeedupConfig,
+                             ScienceWorldConfig, TrainConfig, WebShopConfig, load_config)
+
+CONFIGS = Path(__file__).parents[1] / "configs"
+TRAIN = sorted((CONFIGS / "train").rglob("*.yaml"))
+BENCHMARKS = ("alfworld", "scienceworld", "webshop")
+SIZES = ("0.6b", "1.7b", "4b")
+TURN_LIMITS = {"alfworld": 30, "webshop": 15, "scienceworld": 30}   # Sec. 5.1
+ENV_CLASSES = {"alfworld": ALFWorldConfig, "scienceworld": ScienceWorldConfig, "webshop": WebShopConfig}
+
+
+def config_class(path: Path) -> type:
+    """The config class a shipped YAML is for (an unmapped file fails the test that lists them all)."""
+    rel = path.relative_to(CONFIGS)
+    if rel.parts[0] == "train":
+        return TrainConfig
+    if rel.parts[0] == "envs":
+        return ENV_CLASSES[path.stem]
+    if rel.parts[0] == "models":
+        return ModelConfig
+    if rel.name.startswith("rollout_speedup"):
+        return RolloutSpeedupConfig
+    raise AssertionError(f"{rel}: no config class known for this file; add it to tests/test_configs.py")
+
+
+@pytest.fixture
+def paths(tmp_path):
+    """Overrides that point the three user-given paths at things that exist (nothing is read from them)."""
+    (tmp_path / "student").mkdir()
+    (tmp_path / "teacher").mkdir()
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text("")
+    return [f"student.model={tmp_path / 'student'}", f"teacher={tmp_path / 'teacher'}", f"references={refs}"]
+
+
+def test_nine_training_configs():
+    names = {p.relative_to(CONFIGS / "train").as_posix() for p in TRAIN}
+    assert names == {f"{b}/qwen3-{s}.yaml" for b in BENCHMARKS for s in SIZES}
+
+
+@pytest.mark.parametrize("path", TRAIN, ids=lambda p: p.relative_to(CONFIGS).as_posix())
+def test_training_config_holds_the_paper_settings(path, paths):
+    cfg = load_config(TrainConfig, path, paths)
+    bench, size = path.parent.name, path.stem.removeprefix("qwen3-")
+    assert cfg.benchmark == bench
+    # Only this benchmark's env section, written out, with its turn limit.
+    env = cfg.env_config
+    assert isinstance(env, ENV_CLASSES[bench]) and env.max_turns == TURN_LIMITS[bench]
+    if bench == "scienceworld":
+        default = load_config(ScienceWorldConfig, CONFIGS / "envs" / "scienceworld.yaml")
+        assert env.train_task_types == default.train_task_types and len(env.train_task_types) == 17
+        assert env.simplification == "easy"
+    # The placeholders name this setting (the overrides replaced them in cfg).
+    raw = yaml.safe_load(path.read_text())
+    assert raw["student"]["model"] == f"/models/Qwen3-{size.upper()}"
+    assert raw["teacher"] == f"/models/{bench}-teacher-qwen3-8b"
+    assert raw["references"] == f"runs/refs/{bench}.jsonl"
+    assert cfg.out_dir == f"runs/{bench}/qwen3-{size}"
+    # Sec. 5.1.
+    assert (cfg.num_updates, cfg.rollout.batch_tasks, cfg.batch_samples) == (250, 16, 64)
+    assert cfg.rollout.strategy == "actfirst"
+    assert (cfg.rollout.temperature, cfg.rollout.top_p) == (1.0, 1.0)
+    # Appendix B.3.
+    b = cfg.rollout.budget
+    assert (b.first_stage, b.total, b.eval_first_stage, b.eval_total) == (384, 512, 1920, 2048)
+    assert (b.second_stage, b.fast_action_tokens) == (128, 512)
+    assert cfg.rollout.max_prompt_tokens + b.total <= cfg.student.max_model_len
+    # Appendix B.4.
+    assert (cfg.loss.clip_eps, cfg.loss.dual_clip, cfg.loss.eps) == (0.2, 3.0, 1e-8)
+    # Our choices (Table 6 is empty in our copy of the paper).
+    assert (cfg.optim.lr, cfg.optim.grad_clip, cfg.optim.weight_decay) == (1e-6, 1.0, 0.01)
+    assert cfg.scheduler.b_max == 256 and cfg.student.max_num_seqs >= cfg.scheduler.b_max
+    assert cfg.student.dtype == "bfloat16" and cfg.teacher_dtype == "bfloat16"
+    # bfloat16 parameters without float32 master weights lose AdamW's ~1e-6 steps to rounding.
+    assert cfg.train_dtype == "float32"
+    assert cfg.checkpoint_every == 25
+
+
+@pytest.mark.parametrize("path", TRAIN, ids=lambda p: p.relative_to(CONFIGS).as_posix())
+def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, monkeypatch, capsys):
+    import actfirst.train.__main__ as cli
+
+    size = path.stem.removeprefix("qwen3-").upper()
+    with pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, path)
+    assert f"student.model='/models/Qwen3-{size}': is not a directory" in str(err.value)
+
+    bench = path.parent.name
+    student, teacher, refs = paths
+    for given, message in (([student], f"teacher='/models/{bench}-teacher-qwen3-8b': is not a directory"),
+                           ([student, teacher], f"references='runs/refs/{bench}.jsonl': is not a file")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(TrainConfig, path, given)
+
+    # The command stops with status 2 and the message before anything starts.
+    def no_work(*args, **kwargs):
+        raise AssertionError("train() called with a bad config")
+
+    monkeypatch.setattr(cli, "train", no_work)
+    assert cli.main(["--config", str(path)]) == 2
+    assert f"student.model='/models/Qwen3-{size}': is not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_is_one_override(strategy, paths):
+    path = CONFIGS / "train" / "alfworld" / "qwen3-1.7b.yaml"
+    assert load_config(TrainConfig, path, paths + [f"rollout.strategy={strategy}"]).rollout.strategy == strategy
+
+
+def test_reference_free_strategies_run_without_references(paths):
+    path = CONFIGS / "train" / "webshop" / "qwen3-0.6b.yaml"
+    for strategy in STRATEGIES:
+        overrides = paths[:2] + ["references=null", f"rollout.strategy={strategy}"]
+        if strategy in ("vanilla", "no_id"):
+            assert load_config(TrainConfig, path, overrides).references is None
+        else:
+            with pytest.raises(ConfigError, match=f"references=None: rollout.strategy='{strategy}' needs"):
+                load_config(TrainConfig, path, overrides)
+
+
+def test_misspelled_strategy_is_rejected_by_name(paths):
+    path = CONFIGS / "train" / "scienceworld" / "qwen3-4b.yaml"
+    with pytest.raises(ConfigError, match=r"rollout\.strategy='actfist': must be one of \['vanilla', 'actfirst'"):
+        load_config(TrainConfig, path, paths + ["rollout.strategy=actfist"])
+
+
+def test_every_shipped_yaml_loads_into_its_class(tmp_path, paths):
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    seen = set()
+    for path in sorted(CONFIGS.rglob("*.yaml")):
+        cls = config_class(path)
+        overrides = {TrainConfig: paths, RolloutSpeedupConfig: [f"engine.model={model_dir}"]}.get(cls, [])
+        assert isinstance(load_config(cls, path, overrides), cls), path
+        seen.add(cls)
+    assert seen == {TrainConfig, RolloutSpeedupConfig, ModelConfig, *ENV_CLASSES.values()}
