@@ -245,6 +245,8 @@ class RolloutConfig:
     top_p: float = 1.0
     max_prompt_tokens: int = 3072
     """Prompt budget after the chat template (B.2: the oldest history pairs are dropped until the prompt fits)."""
+    env_timeout_s: float = 600.0
+    """An environment call without a reply for this long kills and restarts its worker (the episode fails)."""
     budget: ThinkingBudgetConfig = dataclasses.field(default_factory=ThinkingBudgetConfig)
 
     def __post_init__(self) -> None:
@@ -252,6 +254,7 @@ class RolloutConfig:
         _check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
         _check(self.max_prompt_tokens >= 1, "max_prompt_tokens", self.max_prompt_tokens, "must be >= 1")
+        _check(self.env_timeout_s > 0, "env_timeout_s", self.env_timeout_s, "must be > 0")
 
     @property
     def uses_references(self) -> bool:
@@ -364,9 +367,9 @@ class TrainConfig:
                f"must divide batch_samples={self.batch_samples}")
         _check(self.scheduler.b_max <= self.student.max_num_seqs, "scheduler.b_max", self.scheduler.b_max,
                f"must not exceed student.max_num_seqs={self.student.max_num_seqs}")
-        need = self.rollout.max_prompt_tokens + self.rollout.budget.total
+        need = self.rollout.max_prompt_tokens + max(self.rollout.budget.total, self.rollout.budget.fast_action_tokens)
         _check(need <= self.student.max_model_len, "rollout.max_prompt_tokens", self.rollout.max_prompt_tokens,
-               f"+ rollout.budget.total={self.rollout.budget.total} exceeds student.max_model_len="
+               f"+ the longest response ({need - self.rollout.max_prompt_tokens} tokens) exceeds student.max_model_len="
                f"{self.student.max_model_len}")
         # log pi_theta in the update applies the temperature only; vLLM's processed log-probs would include a top-p
         # renormalization, and the ratio of Eq. 30 would compare two different distributions.

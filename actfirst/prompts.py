@@ -176,7 +176,10 @@ def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_descriptio
                  current: Transition, budget_tokens: int, reference_next_observation: str | None = None) -> Prompt:
     """Render the request with as much recent history as fits ``budget_tokens`` after the chat template (B.2).
 
-    The stored ``history`` is not modified. Raises ``ValueError`` when even the no-history prompt does not fit.
+    The stored ``history`` is not modified. Raises ``PromptTooLong`` when even the no-history prompt does not fit.
+    Action-only modes render with ``enable_thinking=False``: with a real Qwen3 chat template the generation prompt
+    then holds an empty thinking block, so a fast action is an action without preceding reasoning (Eq. 6-7); our
+    own template ignores the flag.
     Dropping the oldest pair one at a time until the prompt fits keeps the longest suffix that fits; since a
     shorter suffix never needs more tokens, that suffix is found by bisection (about log2(len(history)) + 1
     tokenizations instead of one per dropped pair).
@@ -185,7 +188,8 @@ def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_descriptio
         text = render(benchmark, mode, task_description=task_description, history=history[start:],
                       step_count=len(history), current=current, reference_next_observation=reference_next_observation)
         ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
+                                            tokenize=True, return_dict=False,
+                                            enable_thinking=mode is Mode.FULL_RESPONSE)
         return Prompt(list(ids), text, len(history) - start)
 
     best = attempt(0)

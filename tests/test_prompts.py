@@ -160,3 +160,28 @@ def test_no_history_template_and_never_shortening_the_rest(tokenizer):
     with pytest.raises(ValueError, match="budget_tokens=10"):
         build_prompt(tokenizer, scienceworld, Mode.INVERSE_DYNAMICS, task_description="boil water",
                      history=history, current=current, budget_tokens=10, reference_next_observation="R")
+
+
+# Qwen3's own chat template ends the generation prompt with an empty thinking block when thinking is off.
+QWEN3_STYLE_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}"
+    "{%- if enable_thinking is defined and enable_thinking is false -%}{{- '<think>\\n\\n</think>\\n\\n' -}}"
+    "{%- endif -%}{%- endif -%}"
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_action_only_modes_render_with_thinking_off(mode):
+    """Fast actions are actions without preceding reasoning (Eq. 6-7): with a Qwen3-style template the action-only
+    prompts end in an empty thinking block; the full-response prompt leaves thinking on."""
+    tokenizer = build_qwen3_tokenizer()
+    tokenizer.chat_template = QWEN3_STYLE_TEMPLATE
+    reference = "You arrive at fridge 1." if mode is Mode.INVERSE_DYNAMICS else None
+    prompt = build_prompt(tokenizer, get_benchmark("alfworld"), mode, task_description="put a mug in fridge.",
+                          history=[], current=CURRENT["alfworld"], budget_tokens=10_000,
+                          reference_next_observation=reference)
+    tail = tokenizer.decode(prompt.token_ids[-8:])
+    assert tail.endswith("<think>\n\n</think>\n\n") == (mode is not Mode.FULL_RESPONSE), tail

@@ -114,8 +114,10 @@ def _close_all() -> None:
 class EnvWorker:
     """One environment in its own process."""
 
-    def __init__(self, spec: EnvSpec):
+    def __init__(self, spec: EnvSpec, call_timeout_s: float | None = None):
         self.spec = spec
+        self.call_timeout_s = call_timeout_s
+        """``acall`` waits at most this long for a reply; then the worker counts as dead (None: no limit)."""
         self.restarts = 0
         self.last_death: str | None = None
         """The ``WorkerDied`` message of the latest death (also of one a ``reset`` ran past)."""
@@ -251,7 +253,11 @@ class EnvWorker:
         self._send(method, args)
         self._busy = True
         try:
-            await self._wait_readable()
+            await asyncio.wait_for(self._wait_readable(), self.call_timeout_s)
+        except TimeoutError:
+            self._pending = False
+            raise WorkerDied(self._restart(f"gave no reply to {method} within {self.call_timeout_s:g} s (killed)")) \
+                from None
         finally:
             self._busy = False
         return self._receive()  # a process that ended without replying leaves the pipe at EOF: WorkerDied
@@ -312,10 +318,10 @@ class EnvWorker:
 class EnvPool:
     """``size`` workers of one environment spec; a context manager that closes them all."""
 
-    def __init__(self, spec: EnvSpec, size: int):
+    def __init__(self, spec: EnvSpec, size: int, call_timeout_s: float | None = None):
         if size < 1:
             raise ValueError(f"size={size}: must be >= 1")
-        self.workers = [EnvWorker(spec) for _ in range(size)]
+        self.workers = [EnvWorker(spec, call_timeout_s) for _ in range(size)]
 
     def start(self) -> EnvPool:
         for worker in self.workers:

@@ -15,6 +15,7 @@ from actfirst.engine.request import GenerationResult, RequestKind, SamplingSpec
 
 ACTION_OPEN = "<action>"
 ACTION_CLOSE = "</action>"
+THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
 # A complete field: an opening tag, then text without another opening tag, then the first closing tag.
@@ -34,9 +35,19 @@ def check_not_aborted(result: GenerationResult) -> GenerationResult:
     return result
 
 
+def answer_text(text: str) -> str:
+    """Where a response's action field may be: the text after the last ``</think>``; nothing while reasoning is
+    unfinished (a ``<think>`` not closed yet: tags the reasoning echoes from the prompt are not the answer); the
+    whole text of a response without a thinking block (fast actions)."""
+    _, closed, after = text.rpartition(THINK_CLOSE)
+    if closed:
+        return after
+    return "" if THINK_OPEN in text else text
+
+
 def has_action_field(text: str) -> bool:
     """Whether ``text`` holds a complete ``<action>...</action>`` field (B.3's closed action field)."""
-    return _FIELD.search(text.rpartition(THINK_CLOSE)[2]) is not None
+    return _FIELD.search(answer_text(text)) is not None
 
 
 def extract_action(text: str, *, truncated: bool) -> str:
@@ -50,12 +61,12 @@ def extract_action(text: str, *, truncated: bool) -> str:
     - several fields: the first complete one, i.e. the first ``</action>`` with the nearest ``<action>`` before
       it (an ``<action>`` repeated before any ``</action>`` restarts the field);
     - any other characters (unicode junk, nested markup, newlines) are kept as text;
-    - after ``</think>``, only the text that follows the reasoning counts: the prompt's "<action> </action>" echoed
-      inside the reasoning is not the response's action field.
+    - only :func:`answer_text` counts: the prompt's "<action> </action>" echoed inside the reasoning is not the
+      response's action field.
     """
     if truncated:
         return ""
-    match = _FIELD.search(text.rpartition(THINK_CLOSE)[2])
+    match = _FIELD.search(answer_text(text))
     return match.group(1).strip() if match else ""
 
 

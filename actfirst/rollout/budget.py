@@ -24,7 +24,8 @@ from transformers import PreTrainedTokenizerBase
 
 from actfirst.engine.core import ActFirstEngine
 from actfirst.engine.request import GenerationResult, RequestKind, SamplingSpec
-from actfirst.rollout.actions import ACTION_OPEN, THINK_CLOSE, check_not_aborted, extract_action, has_action_field
+from actfirst.rollout.actions import (ACTION_OPEN, THINK_CLOSE, answer_text, check_not_aborted, extract_action,
+                                      has_action_field)
 from actfirst.train.sample import Sample
 
 EARLY_STOP_SENTENCE = ("Considering the limited time by the user, I have to give the action based on the thinking "
@@ -45,7 +46,7 @@ def early_stop_text(first_text: str) -> str:
 
     (Qwen's recipe writes ``"</think>.\\n\\n"``; B.3's text has no period after ``</think>``, so neither do we.)
     """
-    if ACTION_OPEN in first_text.rpartition(THINK_CLOSE)[2]:  # after the reasoning, when it has ended
+    if ACTION_OPEN in answer_text(first_text):  # action generation started (not an echo inside the reasoning)
         return ""
     think_close = "" if THINK_CLOSE in first_text else f"\n{THINK_CLOSE}"
     return f"\n\n{EARLY_STOP_SENTENCE}{think_close}\n\n{ACTION_OPEN}"

@@ -149,7 +149,7 @@ class RolloutRunner:
             last = current
             for t in range(self.benchmark.max_turns):
                 context = self._prompt(Mode.FULL_RESPONSE, current, history).token_ids
-                full = asyncio.ensure_future(self._full_response(context, seed + 2 * t))
+                full = asyncio.ensure_future(self.full_response(context, seed + 2 * t))
                 contexts.append(context)
                 full_tasks.append(full)
                 guided = guidance.active
@@ -171,6 +171,10 @@ class RolloutRunner:
                     break
         except (WorkerDied, EnvError, PromptTooLong) as exc:
             failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"
+        except BaseException:  # anything else ends the run: leave no request of this episode behind
+            for full in full_tasks:
+                full.cancel()
+            raise
         fulls = list(await asyncio.gather(*full_tasks))
         done = bool(last and last.done)
         return EpisodeResult(
@@ -185,8 +189,8 @@ class RolloutRunner:
                             history=history, current=current, budget_tokens=self.cfg.max_prompt_tokens,
                             reference_next_observation=reference_next)
 
-    async def _full_response(self, prompt_ids: list[int], seed: int) -> tuple[FullResponse, float]:
-        """The context's full response (B.3) and when it finished."""
+    async def full_response(self, prompt_ids: list[int], seed: int) -> tuple[FullResponse, float]:
+        """The full response (B.3) to a context's prompt, and when it finished."""
         budget = self.cfg.budget
         response = await generate_full_response(
             self.engine, self.tokenizer, prompt_ids, first_stage=budget.first_stage, total=budget.total,

@@ -9,9 +9,12 @@ executes:
   the episode, without a reset. An invalid inverse-dynamics proposal triggers one NAP request from the unchanged
   context before anything is executed (B.5).
 - ``no_id`` (w/o ID): NAP fast actions from the first turn, no reference.
-- ``no_nap`` (w/o NAP fallback): as ``actfirst``, but the episode ends at the first failed check.
-- ``ref_prefix_50`` / ``ref_prefix_100`` (Reference-Prefix Replay): the first 50% (rounded up) or all of the
-  reference actions are executed as they are, then NAP.
+- ``no_nap`` (w/o NAP fallback): as ``actfirst``, but the episode ends at the first failed check. The one NAP
+  request that replaces an invalid proposal before execution (B.5) is kept: it is not a fallback after a failed
+  check, which is what Sec. 5.3 removes (our reading; the paper does not say).
+- ``ref_prefix_50`` / ``ref_prefix_100`` (Reference-Prefix Replay): the first 50% or all of the reference actions
+  are executed as they are, then NAP. 50% of an odd count is rounded up (our choice; the paper does not say), so a
+  one-action reference is replayed.
 """
 
 from __future__ import annotations

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from actfirst.config import TrainConfig, to_dict
@@ -42,8 +43,7 @@ from actfirst.engine.core import ActFirstEngine, summarize_records
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.references import load_references
-from actfirst.rollout.budget import generate_full_response
-from actfirst.rollout.runner import RolloutBatch, RolloutRunner
+from actfirst.rollout.runner import EpisodeResult, RolloutBatch, RolloutRunner
 from actfirst.rollout.strategies import make_strategy
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint, truncate_metrics
@@ -99,6 +99,10 @@ class TaskStream:
         self.queue = deque(by_key[k] for k in state["queue"])
 
 
+RESUMABLE_CHANGES = ("num_updates", "checkpoint_every", "keep_checkpoints", "probe_every")
+"""Config keys a resumed run may change; any other difference from the checkpointed run is refused."""
+
+
 async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) -> TrainResult:
     started = time.perf_counter()
     torch.manual_seed(cfg.seed + rank)
@@ -110,7 +114,9 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
     if checkpoint is None and (out_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"out_dir={str(out_dir)!r} holds a run's metrics.jsonl: pass --resume to continue it, "
                               f"or choose another out_dir")
-    (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str))
+    state = load_checkpoint(checkpoint) if checkpoint is not None else None
+    if state is not None:
+        _check_resumable(state["config"], to_dict(cfg))
 
     # The benchmark, this rank's tasks and their references.
     benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
@@ -123,89 +129,89 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
             raise ValueError(f"references={cfg.references!r}: no reference for {len(missing)} of {len(tasks)} training "
                              f"tasks, e.g. {missing[:5]}")
 
-    # The student (engine + trainer copy), the frozen teacher, the buffer.
-    # A checkpoint is a Hugging Face directory: the engine and the trainer both start from it on resume.
+    # The frozen teacher (its tokenizer is checked first), the student's trainer copy, the buffer. A checkpoint is a
+    # Hugging Face directory: on resume the trainer and the engine both start from it.
     student_dir = str(checkpoint) if checkpoint is not None else cfg.student.model
-    engine = ActFirstEngine.from_config(dataclasses.replace(cfg.student, model=student_dir), cfg.scheduler)
     tokenizer = AutoTokenizer.from_pretrained(student_dir)
-    student = AutoModelForCausalLM.from_pretrained(student_dir, dtype=_DTYPES[cfg.train_dtype])
-    student.train()
     teacher = TeacherScorer(cfg.teacher, student_tokenizer=tokenizer, dtype=cfg.teacher_dtype,
                             micro_batch_tokens=cfg.micro_batch_tokens)
+    student = AutoModelForCausalLM.from_pretrained(student_dir, dtype=_DTYPES[cfg.train_dtype])
+    student.train()
     updater = StudentUpdater(student, optim=cfg.optim, loss=cfg.loss, temperature=cfg.rollout.temperature,
                              num_updates=cfg.num_updates, num_minibatches=cfg.num_minibatches,
                              micro_batch_tokens=cfg.micro_batch_tokens)
     buffer = SampleBuffer()
     stream = TaskStream(tasks, cfg.seed + rank)
-    recent: deque[RolloutBatch] = deque(maxlen=ALIGNMENT_WINDOW)
     probe_contexts: list[list[int]] = []
     probe_gaps: list[float] = []
     total_transitions, batch_index, first_update, elapsed_before = 0, 0, 1, 0.0
-    if checkpoint is not None:
-        state = load_checkpoint(checkpoint)
+    recent: deque[list[EpisodeResult]] = deque(maxlen=ALIGNMENT_WINDOW)  # Appendix F's window, episodes only
+    if state is not None:
         updater.load_state_dict(state["updater"])
         buffer.load_state_dict(state["buffer"])
         stream.load_state_dict(state["tasks"], benchmark.task_key)
         restore_rng(state)
-        engine.weight_version = state["weight_version"]  # the checkpoint's weights are what the engine loaded
         probe_contexts, probe_gaps = state["probe_contexts"], state["probe_gaps"]
-        total_transitions, batch_index, first_update = state["total_transitions"], state["batch_index"], \
-            state["update"] + 1
-        elapsed_before = state["elapsed_s"]
-        truncate_metrics(out_dir / "metrics.jsonl", state["update"])  # drop what the lost update logged
-        print(f"resume: {checkpoint} (update {state['update']}, weight version {engine.weight_version})", flush=True)
-    sink = MetricsSink(out_dir)
+        total_transitions, batch_index = state["total_transitions"], state["batch_index"]
+        first_update, elapsed_before = state["update"] + 1, state["elapsed_s"]
+    lead = rank == 0  # only rank 0 writes the config, the metrics and the checkpoints
+    if lead:
+        (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str))
+        if state is not None:
+            truncate_metrics(out_dir / "metrics.jsonl", state["update"])  # drop what the lost update logged
+    sink = MetricsSink(out_dir) if lead else None
 
     def elapsed() -> float:
         """Training wall-clock so far, the runs before a resume included."""
         return elapsed_before + time.perf_counter() - started
 
-    def save(update: int) -> None:
-        state = {"update": update, "updater": updater.state_dict(), "buffer": buffer.state_dict(),
-                 "tasks": stream.state_dict(benchmark.task_key), "weight_version": engine.weight_version,
-                 "probe_contexts": probe_contexts, "probe_gaps": probe_gaps,
-                 "total_transitions": total_transitions, "batch_index": batch_index, "elapsed_s": elapsed()}
-        save_checkpoint(out_dir, update=update, model=student, tokenizer=tokenizer, trainer_state=state,
-                        keep=cfg.keep_checkpoints)
-
+    engine = ActFirstEngine.from_config(dataclasses.replace(cfg.student, model=student_dir), cfg.scheduler)
+    if state is not None:
+        engine.weight_version = state["weight_version"]  # the engine loaded the checkpoint's weights
+        print(f"resume: {checkpoint} (update {state['update']}, weight version {engine.weight_version})", flush=True)
+    pending: asyncio.Future | None = None
+    bar = tqdm(total=cfg.num_updates, initial=first_update - 1, desc="updates", unit="update", disable=not lead,
+               dynamic_ncols=True)
     try:
-        with EnvPool(benchmark.env_spec(), size=cfg.rollout.batch_tasks) as pool:
+        with EnvPool(benchmark.env_spec(), size=cfg.rollout.batch_tasks,
+                     call_timeout_s=cfg.rollout.env_timeout_s) as pool:
             runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool,
                                    strategy=strategy, cfg=cfg.rollout, references=references,
                                    seed=cfg.seed * 7919 + rank)
 
-            def start_batch() -> asyncio.Task:
+            def start_batch() -> asyncio.Future:
                 nonlocal batch_index
                 batch_index += 1
                 return asyncio.ensure_future(runner.run_batch(stream.next(cfg.rollout.batch_tasks), batch_index))
 
-            def finish_batch(batch: RolloutBatch) -> dict[str, float]:
+            def finish_batch(batch: RolloutBatch, stats: dict[str, Any]) -> None:
                 nonlocal total_transitions
                 buffer.add(batch.samples)
-                recent.append(batch)
+                recent.append([_slim(e) for e in batch.episodes])
                 total_transitions += batch.num_transitions
-                if not probe_contexts and cfg.probe_contexts:
-                    probe_contexts.extend(s.context_ids for s in batch.samples[: cfg.probe_contexts])
-                return {"rollout_s": batch.wall_s, "transitions": batch.num_transitions}
+                stats["rollout_s"] += batch.wall_s
+                stats["transitions"] += batch.num_transitions
+                stats["batches"] += 1
+                stats["failures"] += [f"{e.task}: {e.failure}" for e in batch.episodes if e.failure]
+                if not probe_contexts and cfg.probe_contexts:  # spread over the batch's episodes and turns
+                    step = max(1, len(batch.samples) // cfg.probe_contexts)
+                    probe_contexts.extend(s.context_ids for s in batch.samples[::step][: cfg.probe_contexts])
 
-            pending: asyncio.Task | None = None
             for update in range(first_update, cfg.num_updates + 1):
                 update_started = time.perf_counter()
-                records_start = len(engine.records)
                 generated_start, discarded_start = engine.num_generated_tokens, engine.num_discarded_tokens
-                rollout_s, transitions = 0.0, 0
+                dropped_start = buffer.num_dropped
+                stats: dict[str, Any] = {"rollout_s": 0.0, "transitions": 0, "batches": 0, "failures": []}
                 # 1. Rollouts until the buffer holds a batch of the current or preceding version.
                 while buffer.num_eligible(engine.weight_version) < cfg.batch_samples:
-                    batch_started = time.perf_counter()
-                    info = finish_batch(await (pending or start_batch()))
-                    pending = None
-                    rollout_s += time.perf_counter() - batch_started
-                    transitions += info["transitions"]
+                    batch, pending = await (pending or start_batch()), None
+                    finish_batch(batch, stats)
                 samples = buffer.take(cfg.batch_samples, engine.weight_version)
+                overlapped = False
                 if cfg.overlap and buffer.num_eligible(engine.weight_version + 1) < cfg.batch_samples:
                     # The next update needs a new rollout batch: collect it on the event loop while the thread
                     # below scores and updates.
-                    pending = start_batch()
+                    pending, overlapped = start_batch(), True
 
                 # 2-3. Teacher scoring and the update.
                 def score_and_update() -> dict[str, float]:
@@ -217,56 +223,83 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
 
                 metrics = (await asyncio.to_thread(score_and_update)) if cfg.overlap else score_and_update()
 
-                # 4. Weights into the engine (with overlap: once the rollout batch in flight has ended).
+                # 4. Weights into the engine (with overlap: once the rollout batch in flight has ended), unless every
+                # step was skipped (a non-finite loss or gradient): then the weights did not change.
                 if pending is not None:
-                    batch_started = time.perf_counter()
-                    info = finish_batch(await pending)
-                    pending = None
-                    rollout_s += time.perf_counter() - batch_started
-                    transitions += info["transitions"]
-                version = engine.update_weights(student.named_parameters())
+                    batch, pending = await pending, None
+                    finish_batch(batch, stats)
+                if metrics["skipped"] < cfg.num_minibatches:
+                    version = engine.update_weights(student.named_parameters())
+                else:
+                    version = engine.weight_version
+                    tqdm.write(f"update {update}: every step skipped (non-finite loss or gradient); weights kept")
                 wall = time.perf_counter() - update_started
                 generated = engine.num_generated_tokens - generated_start
                 discarded = engine.num_discarded_tokens - discarded_start
 
-                # 5. Probe (outside the update's time and token counts) and log.
+                # 5. Probe (outside the update's time and token counts), log, checkpoint.
                 if probe_contexts and (update % cfg.probe_every == 0 or update == cfg.num_updates):
-                    metrics["probe/gap"] = await _probe_gap(engine, tokenizer, teacher, probe_contexts, cfg)
+                    metrics["probe/gap"] = await _probe_gap(runner, teacher, probe_contexts)
                     probe_gaps.append(metrics["probe/gap"])
                 record = {
-                    **metrics, **rollout_metrics(recent), "weight_version": version, "rollout_s": rollout_s,
-                    "update_wall_s": wall, "elapsed_s": elapsed(),
-                    "env_steps_per_s": transitions / wall if wall > 0 else math.nan,
-                    "transitions": transitions, "total_transitions": total_transitions,
+                    **metrics, **rollout_metrics([e for episodes in recent for e in episodes]),
+                    "weight_version": version, "rollout_s": stats["rollout_s"], "rollout_batches": stats["batches"],
+                    "overlapped": overlapped, "update_wall_s": wall, "elapsed_s": elapsed(),
+                    "env_steps_per_s": stats["transitions"] / wall if wall > 0 else math.nan,
+                    "transitions": stats["transitions"], "total_transitions": total_transitions,
+                    "failed_episodes": len(stats["failures"]), "failures": stats["failures"],
                     "generated_tokens": generated, "discarded_tokens": discarded,
                     "discarded_frac": discarded / generated if generated else 0.0,
-                    "buffer/size": len(buffer), "buffer/dropped": buffer.num_dropped,
-                    "queue": summarize_records(engine.records[records_start:]),
+                    "buffer/size": len(buffer), "buffer/dropped": buffer.num_dropped - dropped_start,
+                    "queue": summarize_records(engine.records),
                 }
-                sink.log(update, record)
-                if rank == 0:
-                    print(summary_line(update, record), flush=True)
+                engine.records.clear()  # per-update queue statistics; nothing else reads them
+                if lead:
+                    sink.log(update, record)
+                    tqdm.write(summary_line(update, record))
+                    for failure in stats["failures"]:
+                        tqdm.write(f"  episode failed: {failure}")
                     # After the metrics: a kill between the two loses the update, never a line of the series.
                     if update % cfg.checkpoint_every == 0 or update == cfg.num_updates:
-                        save(update)
+                        trainer_state = {
+                            "update": update, "config": to_dict(cfg), "updater": updater.state_dict(),
+                            "buffer": buffer.state_dict(), "tasks": stream.state_dict(benchmark.task_key),
+                            "weight_version": engine.weight_version, "probe_contexts": probe_contexts,
+                            "probe_gaps": probe_gaps, "total_transitions": total_transitions,
+                            "batch_index": batch_index, "elapsed_s": elapsed()}
+                        save_checkpoint(out_dir, update=update, model=student, tokenizer=tokenizer,
+                                        trainer_state=trainer_state, keep=cfg.keep_checkpoints)
+                bar.update(1)
     finally:
-        sink.close()
+        if pending is not None:
+            pending.cancel()
+        bar.close()
+        if sink is not None:
+            sink.close()
         await engine.close()
-    return TrainResult(out_dir, cfg.num_updates, elapsed(), total_transitions,
-                       engine.weight_version, probe_gaps)
+    return TrainResult(out_dir, cfg.num_updates, elapsed(), total_transitions, engine.weight_version, probe_gaps)
 
 
-async def _probe_gap(engine: ActFirstEngine, tokenizer, teacher: TeacherScorer, contexts: list[list[int]],
-                     cfg: TrainConfig) -> float:
+def _check_resumable(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Refuse to resume a run under a different config (a different strategy, benchmark, model...)."""
+    differ = [k for k in sorted(set(saved) | set(current))
+              if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k)]
+    if differ:
+        raise ValueError(f"resume: the config differs from the checkpointed run's in {differ} (only "
+                         f"{list(RESUMABLE_CHANGES)} may change); use another out_dir for a new run")
+
+
+def _slim(episode: EpisodeResult) -> EpisodeResult:
+    """An episode without its contexts and responses: what the windowed rollout metrics need."""
+    return dataclasses.replace(episode, contexts=[], full_responses=[], full_response_done=[])
+
+
+async def _probe_gap(runner: RolloutRunner, teacher: TeacherScorer, contexts: list[list[int]]) -> float:
     """Teacher-minus-student log-prob gap (mean over sampled tokens) of fresh full responses at fixed contexts,
     with fixed seeds: an estimate of -KL(student || teacher) on those contexts (Eq. 4-5)."""
-    budget = cfg.rollout.budget
-    responses = await asyncio.gather(*(generate_full_response(
-        engine, tokenizer, ctx, first_stage=budget.first_stage, total=budget.total, second_stage=budget.second_stage,
-        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=10_007 + i)
-        for i, ctx in enumerate(contexts)))
+    responses = await asyncio.gather(*(runner.full_response(ctx, seed=10_007 + i) for i, ctx in enumerate(contexts)))
     samples: list[Sample] = [r.to_sample(c, task="probe", turn=0, strategy="probe")
-                             for c, r in zip(contexts, responses)]
+                             for c, (r, _) in zip(contexts, responses)]
     teacher.score(samples)
     diffs = [t - s for x in samples for t, s, m in zip(x.teacher_logprobs, x.logprobs, x.loss_mask) if m]
     return sum(diffs) / len(diffs) if diffs else math.nan

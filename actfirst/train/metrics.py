@@ -9,17 +9,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from actfirst.rollout.runner import RolloutBatch
+from actfirst.rollout.runner import EpisodeResult
 
 ALIGNMENT_WINDOW = 10
 """Appendix F: windowed rates aggregate the latest 10 completed rollout batches."""
 
 
-def rollout_metrics(batches: Sequence[RolloutBatch]) -> dict[str, float]:
-    """Counts aggregated over ``batches`` (Appendix F): first-action and full-trajectory alignment over guided
-    episodes, aligned-turn coverage over all executed turns, the fallback rate and the mean turn of the first
-    fallback, and the rollouts' success rate, turns and failures."""
-    episodes = [e for b in batches for e in b.episodes]
+def rollout_metrics(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
+    """Counts aggregated over ``episodes`` (Appendix F: those of the latest ``ALIGNMENT_WINDOW`` rollout batches):
+    first-action and full-trajectory alignment over guided episodes, aligned-turn coverage over all executed turns,
+    the fallback rate and the mean turn of the first fallback, the rollouts' success rate and turns."""
     guided = [e for e in episodes if e.guided]
     started = [e for e in guided if e.turns]
     fallbacks = [e.fallback_turn for e in guided if e.fallback_turn is not None]
@@ -28,7 +27,6 @@ def rollout_metrics(batches: Sequence[RolloutBatch]) -> dict[str, float]:
     return {
         "rollout/success_rate": sum(e.won for e in episodes) / len(episodes) if episodes else nan,
         "rollout/mean_turns": turns / len(episodes) if episodes else nan,
-        "rollout/failed_episodes": sum(e.failure is not None for e in episodes),
         "align/first_action": sum(e.turns[0].check == "passed" for e in started) / len(started) if started else nan,
         "align/full_trajectory": sum(e.fully_aligned for e in guided) / len(guided) if guided else nan,
         "align/turn_coverage": sum(e.aligned_turns for e in guided) / turns if guided and turns else nan,
@@ -58,7 +56,7 @@ class MetricsSink:
         self._file.write(json.dumps(_finite(record), default=str) + "\n")
         self._file.flush()
         if self._tb is not None:
-            for key, value in record.items():
+            for key, value in _flat(record).items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                     self._tb.add_scalar(key, value, update)
 
@@ -66,6 +64,17 @@ class MetricsSink:
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _flat(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as ``a/b`` keys (TensorBoard takes scalars only)."""
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}/"))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def _finite(value: Any) -> Any:

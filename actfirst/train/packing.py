@@ -106,7 +106,8 @@ def pack(samples: list[Sample], max_tokens: int) -> list[MicroBatch]:
         pos = torch.tensor(positions, dtype=torch.long)
         targets = input_ids[pos + 1]
         expected = torch.tensor([t for i in row for t in samples[i].response_ids], dtype=torch.long)
-        assert torch.equal(targets, expected), "packing misaligned: input_ids[positions + 1] != response_ids"
+        if not torch.equal(targets, expected):  # the logit at position i scores token i + 1
+            raise RuntimeError("packing misaligned: input_ids[positions + 1] != the samples' response tokens")
         teacher = (torch.tensor([x for i in row for x in samples[i].teacher_logprobs], dtype=torch.float32)
                    if all(scored) else None)
         out.append(MicroBatch(

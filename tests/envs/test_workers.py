@@ -107,6 +107,19 @@ def test_worker_killed_between_calls_fails_the_next_step_and_serves_the_next_res
     assert worker.restarts == 1
 
 
+def test_a_hung_worker_is_killed_after_the_call_timeout_fault_injection(worker):
+    """Fault injection: the worker process is stopped (SIGSTOP), so its call never answers."""
+    worker.call_timeout_s = 2.0
+    worker.reset(TASK)
+    old = worker.pids()
+    os.kill(old[0], signal.SIGSTOP)
+    started = time.monotonic()
+    with pytest.raises(WorkerDied, match="gave no reply to step within 2 s"):
+        asyncio.run(worker.astep("go to kitchen"))
+    assert time.monotonic() - started < 10 and worker.restarts == 1 and wait_gone(old) == []
+    assert asyncio.run(worker.areset(TASK)).turn == 0  # the restarted worker plays the next episode
+
+
 def test_jvm_killed_between_steps_fails_the_next_step_and_serves_the_next_reset(worker):
     worker.reset(TASK)
     worker.step("go to kitchen")

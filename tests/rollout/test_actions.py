@@ -31,10 +31,11 @@ from actfirst.rollout.actions import (GenerationAborted, check_not_aborted, extr
     # The prompt's tags echoed inside the reasoning are not the action field.
     ("<think>present it within <action> </action> tags</think>\n<action>look</action>", "look"),
     ("<think>within <action>x</action> tags</think>\nno field", ""),
+    ("<think>I will answer <action>go to desk 1</action> soon", ""),  # echoed inside unfinished reasoning
 ])
 def test_extract_action_cases(text, action):
     assert extract_action(text, truncated=False) == action
-    answer = text.rpartition("</think>")[2]
+    answer = text.rpartition("</think>")[2] if "</think>" in text else ("" if "<think>" in text else text)
     assert has_action_field(text) == ("<action>" in answer and "</action>" in answer.split("<action>", 1)[1])
     assert extract_action(text, truncated=True) == ""
 
@@ -43,7 +44,10 @@ def reference_extract(text: str) -> str:
     """The same rule by a different algorithm: after the last </think>, the first </action> and the nearest
     <action> before it."""
     think = text.rfind("</think>")
-    text = text[think + len("</think>"):] if think >= 0 else text
+    if think >= 0:
+        text = text[think + len("</think>"):]
+    elif "<think>" in text:
+        return ""  # reasoning unfinished: no answer yet
     close = text.find("</action>")
     while close >= 0:
         open_ = text.rfind("<action>", 0, close)
@@ -74,7 +78,7 @@ def test_extract_action_random_junk():
         clean = text
         while "<action>" in clean or "</action>" in clean:
             clean = clean.replace("<action>", "").replace("</action>", "")
-        if "</think>" not in text:  # a later </think> would start the answer after it
+        if "</think>" not in text and "<think>" not in clean:  # a later </think> would start the answer after it
             assert extract_action(f"{clean}<action>{clean}</action>{text}", truncated=False) == clean.strip(), context
 
 

@@ -34,7 +34,8 @@ def test_early_stop_sentence_is_the_papers():
     ("<think>\nI need the apple\n</think>\n\nI will", WITHOUT_THINK),
     ("<think>\nI need the apple\n</think>\n\n<action>", ""),
     ("<think>\nI need the apple\n</think>\n\n<action>go to", ""),
-    ("<think>\nI need the apple\n\n<action>go to", ""),  # action generation started without </think>
+    ("I need the apple\n\n<action>go to", ""),  # action generation started (no thinking block)
+    ("<think>\nI need the apple\n\n<action>go to", WITH_THINK),  # a tag inside unfinished reasoning is an echo
 ])
 def test_early_stop_text(first_text, inserted):
     assert early_stop_text(first_text) == inserted

@@ -57,11 +57,11 @@ def scienceworld():
                                                                           if not a.startswith("open door")])
 
 
-def run(engine, tiny_model_dir, setup, strategy, **rollout):
+def run(engine, tiny_model_dir, setup, strategy, budget=BUDGET):
     benchmark, tasks, refs = setup
     engine.reconfigure(SchedulerConfig(b_max=8))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = RolloutConfig(strategy=strategy, batch_tasks=len(tasks), max_prompt_tokens=2000, budget=BUDGET, **rollout)
+    cfg = RolloutConfig(strategy=strategy, batch_tasks=len(tasks), max_prompt_tokens=2000, budget=budget)
     strat = make_strategy(strategy)
 
     async def go():
@@ -116,6 +116,10 @@ def test_actfirst_fast_actions_fallback_and_invalid_proposal(engine, tiny_model_
         assert episode.aligned_turns == sum(r.check == "passed" for r in episode.turns)
     # A tiny random student proposes junk: its proposals are invalid, so the retry rule is exercised.
     assert any(r.source == ActionSource.NAP_RETRY for e in batch.episodes for r in e.turns)
+    # Exactly one fast-action request per turn, plus exactly one NAP request per invalid proposal (the engine's
+    # records; reconfigure cleared them before this batch).
+    fast = [r for r in engine.records if r.kind.name == "FAST_ACTION"]
+    assert len(fast) == sum(1 + (r.proposal is not None) for e in batch.episodes for r in e.turns)
 
 
 def test_no_full_response_blocks_a_transition(engine, tiny_model_dir, alfworld):
@@ -164,6 +168,7 @@ def test_prefix_replay_executes_exactly_the_reference_prefix(engine, tiny_model_
 def test_no_nap_ends_the_episode_at_the_first_failed_check(engine, tiny_model_dir, alfworld):
     batch, _ = run(engine, tiny_model_dir, alfworld, "no_nap")
     check_common(batch, alfworld[0])
+    assert any(e.fallback_turn is not None for e in batch.episodes)  # junk proposals fail their checks
     for episode in batch.episodes:
         if episode.fallback_turn is not None:
             assert episode.num_turns == episode.fallback_turn + 1
@@ -202,3 +207,32 @@ def test_a_dying_worker_fails_its_episode_and_the_batch_goes_on(engine, tiny_mod
     # Killed during a reset (no context yet) or during a step (its context's full response is kept).
     assert len(failed[0].full_responses) in (failed[0].num_turns, failed[0].num_turns + 1)
     assert all(e.failure is None for e in again.episodes)
+
+
+def test_guidance_holds_while_checks_pass_then_falls_back_for_good(engine, tiny_model_dir, alfworld, load_chain,
+                                                                    tokenizer):
+    """A student that always answers the reference's first action (hand-set bigram weights, see conftest): turn 0's
+    inverse-dynamics action reproduces the reference transition and passes its check; the same action at turn 1
+    does not, and every later turn is NAP, unchecked."""
+    from actfirst.train.metrics import rollout_metrics
+
+    benchmark, tasks, refs = alfworld
+    task = tasks[0]
+    first_action = refs[benchmark.task_key(task)].actions[0]
+    prompt_end = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=False)[-1]
+    words = tokenizer.encode(first_action, add_special_tokens=False)
+    chain = [prompt_end, *tokenizer.encode("<action>", add_special_tokens=False), *words,
+             *tokenizer.encode("</action>", add_special_tokens=False), tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    load_chain(chain)
+    budget = ThinkingBudgetConfig(first_stage=24, total=32, second_stage=8, fast_action_tokens=len(chain))
+    batch, _ = run(engine, tiny_model_dir, (benchmark, [task], refs), "actfirst", budget)
+    (episode,) = batch.episodes
+    assert [r.action for r in episode.turns] == [first_action] * episode.num_turns
+    assert episode.turns[0].source == ActionSource.INVERSE_DYNAMICS and episode.turns[0].check == "passed"
+    assert episode.aligned_turns == 1 and episode.fallback_turn == 1 and episode.turns[1].check != "passed"
+    assert episode.num_turns == benchmark.max_turns
+    assert all(r.source == ActionSource.NEXT_ACTION and r.check is None for r in episode.turns[2:])
+    metrics = rollout_metrics(batch.episodes)
+    assert metrics["align/first_action"] == 1.0 and metrics["align/full_trajectory"] == 0.0
+    assert metrics["align/turn_coverage"] == 1 / episode.num_turns and metrics["fallback/mean_turn"] == 1.0
