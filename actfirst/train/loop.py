@@ -236,6 +236,7 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
                 wall = time.perf_counter() - update_started
                 generated = engine.num_generated_tokens - generated_start
                 discarded = engine.num_discarded_tokens - discarded_start
+                queue = summarize_records(engine.records)
 
                 # 5. Probe (outside the update's time and token counts), log, checkpoint.
                 if probe_contexts and (update % cfg.probe_every == 0 or update == cfg.num_updates):
@@ -251,9 +252,9 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
                     "generated_tokens": generated, "discarded_tokens": discarded,
                     "discarded_frac": discarded / generated if generated else 0.0,
                     "buffer/size": len(buffer), "buffer/dropped": buffer.num_dropped - dropped_start,
-                    "queue": summarize_records(engine.records),
+                    "queue": queue,
                 }
-                engine.records.clear()  # per-update queue statistics; nothing else reads them
+                engine.records.clear()  # per-update queue statistics (the probe's requests not included)
                 if lead:
                     sink.log(update, record)
                     tqdm.write(summary_line(update, record))
