@@ -8,6 +8,8 @@ before any work starts, with a :class:`ConfigError` that names the dotted key an
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import os
 import types
@@ -20,6 +22,25 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration value was rejected; the message names the dotted key and the value."""
+
+
+_CHECK_PATHS: contextvars.ContextVar[bool] = contextvars.ContextVar("actfirst_check_paths", default=True)
+
+
+@contextlib.contextmanager
+def paths_unchecked():
+    """Build configs whose input paths need not exist yet (``actfirst.prepare`` makes them; it then calls
+    :func:`check_paths`)."""
+    token = _CHECK_PATHS.set(False)
+    try:
+        yield
+    finally:
+        _CHECK_PATHS.reset(token)
+
+
+def _check_dir(path: str, key: str) -> None:
+    if _CHECK_PATHS.get():
+        _check(Path(path).is_dir(), key, path, "is not a directory")
 
 
 def _check(ok: bool, key: str, value: Any, why: str) -> None:
@@ -76,7 +97,7 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check(Path(self.model).is_dir(), "model", self.model, "is not a directory")
+        _check_dir(self.model, "model")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", self.gpu_memory_utilization,
@@ -112,6 +133,10 @@ class ScienceWorldConfig:
     simplification: str = "easy"
     """The simulator's simplifications, comma-separated ("easy": all of them, as the paper uses; "": none)."""
     max_turns: int = 30
+    eval_task_types: list[str] | None = None
+    """The evaluated task types (None: all 30, as C.1 evaluates)."""
+    eval_variations: int = 5
+    """Evaluation instances per type: its last N variations (C.1: 5)."""
 
     def __post_init__(self) -> None:
         from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
@@ -123,6 +148,10 @@ class ScienceWorldConfig:
         _check(len(set(self.train_task_types)) == len(self.train_task_types), "train_task_types",
                self.train_task_types, "has duplicates")
         _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        unknown = [t for t in self.eval_task_types or () if t not in TASK_TYPES]
+        _check(not unknown and self.eval_task_types != [], "eval_task_types", self.eval_task_types,
+               "must be ScienceWorld task types (or null: all 30)")
+        _check(self.eval_variations >= 1, "eval_variations", self.eval_variations, "must be >= 1")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -305,6 +334,95 @@ class LossConfig:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
+class EvaluationConfig:
+    """Evaluation during training (Appendix C.1, C.4): think-then-act without references, the evaluation thinking
+    budget, on the training engine with many episodes in flight; wall-clock spent here is not training time."""
+
+    every: int = 0
+    """Updates between two evaluations (0: none between the first and the last)."""
+    before: bool = True
+    """Evaluate the starting student too (update 0)."""
+    split: Literal["train", "eval"] = "eval"
+    tasks: int = 0
+    """Evaluate N tasks of the split, round-robin over task types (0: all)."""
+    seeds: list[int] = dataclasses.field(default_factory=lambda: [42, 43, 44])
+    max_in_flight: int = 16
+    """Episodes (and environment workers) at once."""
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "every", self.every, "must be >= 0")
+        _check(self.tasks >= 0, "tasks", self.tasks, "must be >= 0")
+        _check(self.max_in_flight >= 1, "max_in_flight", self.max_in_flight, "must be >= 1")
+        _check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds) and min(self.seeds) >= 0, "seeds",
+               self.seeds, "need distinct seeds >= 0")
+
+
+SFT_MODES = ("full_response", "next_action", "inverse_dynamics")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class SFTConfig:
+    """Supervised fine-tuning on the reference steps (``actfirst.train.sft``)."""
+
+    epochs: float
+    lr: float
+    batch_tokens: int = 8192
+    """Tokens per optimizer step (whole samples packed)."""
+    micro_batch_tokens: int = 2048
+    """Tokens per packed forward/backward row (gradient accumulation over rows)."""
+    modes: list[Literal["full_response", "next_action", "inverse_dynamics"]] = dataclasses.field(
+        default_factory=lambda: list(SFT_MODES))
+    """The prompt modes (B.1) trained on."""
+    tasks: int = 0
+    """Train only on the references of the first N training tasks (0: all)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.epochs > 0, "epochs", self.epochs, "must be > 0")
+        _check(self.lr > 0, "lr", self.lr, "must be > 0")
+        _check(self.batch_tokens >= 1, "batch_tokens", self.batch_tokens, "must be >= 1")
+        _check(self.micro_batch_tokens >= 1, "micro_batch_tokens", self.micro_batch_tokens, "must be >= 1")
+        _check(bool(self.modes) and len(set(self.modes)) == len(self.modes), "modes", self.modes,
+               f"need distinct modes among {list(SFT_MODES)}")
+        _check(self.tasks >= 0, "tasks", self.tasks, "must be >= 0")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class BuildModelsConfig:
+    """Models ``actfirst.prepare`` makes when ``teacher`` / ``student.model`` do not exist (the CPU demo): a small
+    BPE trained on the task set's own text, a teacher trained by SFT on the references' full responses and
+    evaluated, and a smaller student warm-started by a short SFT on all three prompt modes."""
+
+    tokenizer_vocab_size: int = 2048
+    teacher: ModelConfig
+    teacher_sft: SFTConfig
+    student: ModelConfig
+    student_sft: SFTConfig
+
+    def __post_init__(self) -> None:
+        _check(self.tokenizer_vocab_size >= 300, "tokenizer_vocab_size", self.tokenizer_vocab_size, "must be >= 300")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class PrepareConfig:
+    """What ``python -m actfirst.prepare`` builds for a run (C.2's reference cache; the demo's models)."""
+
+    teacher_rollouts: int = 10
+    """Teacher rollouts per training task played as reference candidates (0: none)."""
+    candidate_files: list[str] = dataclasses.field(default_factory=list)
+    """More candidate action sequences (JSONL, ``{"task": key, "actions": [...]}`` per line)."""
+    shorten: bool = True
+    """Shorten candidates where the benchmark does (ScienceWorld)."""
+    build_models: BuildModelsConfig | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.teacher_rollouts >= 0, "teacher_rollouts", self.teacher_rollouts, "must be >= 0")
+        for i, f in enumerate(self.candidate_files):
+            if _CHECK_PATHS.get():
+                _check(Path(f).is_file(), f"candidate_files[{i}]", f, "is not a file")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """One OPD training run: benchmark, student engine, teacher, rollouts, update (Sec. 5.1, Appendix B-C)."""
 
@@ -345,6 +463,9 @@ class TrainConfig:
     """Updates between two checkpoints (the last update is always checkpointed)."""
     keep_checkpoints: int = 1
     """Checkpoints kept on disk (the newest ones)."""
+    evaluation: EvaluationConfig | None = None
+    """Evaluations during the run (absent or null: none)."""
+    prepare: PrepareConfig = dataclasses.field(default_factory=PrepareConfig)
     seed: int = 0
     out_dir: str = "runs/train"
 
@@ -352,12 +473,11 @@ class TrainConfig:
         for name in ("alfworld", "scienceworld", "webshop"):
             _check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
                    f"set, but benchmark={self.benchmark!r}")
-        _check(Path(self.teacher).is_dir(), "teacher", self.teacher, "is not a directory")
         if self.rollout.uses_references:
             _check(self.references is not None, "references", self.references,
                    f"rollout.strategy={self.rollout.strategy!r} needs a reference cache")
-        if self.references is not None:
-            _check(Path(self.references).is_file(), "references", self.references, "is not a file")
+        if _CHECK_PATHS.get():
+            check_paths(self)
         for name in ("num_updates", "batch_samples", "num_minibatches", "micro_batch_tokens", "probe_every",
                      "checkpoint_every", "keep_checkpoints"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
@@ -376,11 +496,28 @@ class TrainConfig:
         _check(self.rollout.top_p == 1.0, "rollout.top_p", self.rollout.top_p, "must be 1.0 for training")
         _check(self.micro_batch_tokens >= need, "micro_batch_tokens", self.micro_batch_tokens,
                f"must hold one sample (max_prompt_tokens + budget.total = {need})")
+        if self.evaluation is not None:
+            need = self.rollout.max_prompt_tokens + self.rollout.budget.eval_total
+            _check(need <= self.student.max_model_len, "student.max_model_len", self.student.max_model_len,
+                   f"must hold an evaluation request (rollout.max_prompt_tokens + rollout.budget.eval_total = {need})")
 
     @property
     def env_config(self) -> ALFWorldConfig | ScienceWorldConfig | WebShopConfig | None:
         """The benchmark's environment section (None: its default file)."""
         return getattr(self, self.benchmark)
+
+    def training_tasks(self, benchmark: Any) -> list[Any]:
+        """The benchmark's training tasks this run uses (the first ``train_tasks``; all when 0)."""
+        return benchmark.tasks("train")[: self.train_tasks or None]
+
+
+def check_paths(cfg: TrainConfig, *, references: bool = True) -> None:
+    """Raise :class:`ConfigError` naming the first input path of ``cfg`` that does not exist (``references``: the
+    reference cache too)."""
+    _check(Path(cfg.student.model).is_dir(), "student.model", cfg.student.model, "is not a directory")
+    _check(Path(cfg.teacher).is_dir(), "teacher", cfg.teacher, "is not a directory")
+    if references and cfg.references is not None:
+        _check(Path(cfg.references).is_file(), "references", cfg.references, "is not a file")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -476,7 +613,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def load_config(cls: type, path: str | os.PathLike | None, overrides: list[str] | None = None) -> Any:
-    """Load ``cls`` from a YAML file (or from nothing) plus dotted overrides, validating everything."""
+    """Load ``cls`` from a YAML file (or from nothing) plus dotted overrides, validating everything (input paths
+    too, except inside :func:`paths_unchecked`)."""
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text()

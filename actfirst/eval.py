@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import sys
@@ -100,8 +101,11 @@ def pick_tasks(benchmark: Benchmark, tasks: Sequence[Any], n: int) -> list:
 
 async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any], *,
                    seeds: Sequence[int] = EVAL_SEEDS, rollout: RolloutConfig, max_in_flight: int = 16,
-                   progress: bool = True) -> EvalReport:
-    """Play every task once per seed with think-then-act and the evaluation budget; see the module docstring."""
+                   progress: bool = True, pool: Any = None) -> EvalReport:
+    """Play every task once per seed with think-then-act and the evaluation budget; see the module docstring.
+
+    ``pool``: an ``EnvPool`` of this benchmark to play on (at most ``max_in_flight`` of its workers; e.g. the
+    training run's, between rollout batches); by default a pool of ``max_in_flight`` workers is started."""
     from actfirst.envs.workers import EnvPool
     from actfirst.rollout.runner import RolloutRunner
     from actfirst.rollout.strategies import make_strategy
@@ -127,8 +131,11 @@ async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any]
     every = max(1, total // 20)
     started = time.perf_counter()
 
-    with EnvPool(benchmark.env_spec(), size=min(max_in_flight, total)) as pool:
-        runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool,
+    with contextlib.nullcontext(pool) if pool is not None else \
+            EnvPool(benchmark.env_spec(), size=min(max_in_flight, total),
+                    call_timeout_s=rollout.env_timeout_s) as env_pool:
+        workers = env_pool.workers[:min(max_in_flight, total)]
+        runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=env_pool,
                                strategy=make_strategy("vanilla"), cfg=cfg, references=None)
 
         async def slot(worker) -> None:
@@ -155,7 +162,7 @@ async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any]
 
         try:
             async with asyncio.TaskGroup() as group:  # an unexpected error stops the other slots too
-                for worker in pool.workers:
+                for worker in workers:
                     group.create_task(slot(worker))
         except BaseExceptionGroup as group_error:
             raise group_error.exceptions[0]
@@ -197,6 +204,42 @@ def _load(cls: type, overrides: list[str], prefix: str, base: dict[str, Any] | N
         raise ConfigError(f"{prefix}.{e}") from None
 
 
+def serving_configs(model: str, benchmark_name: str, config: str | None, overrides: Sequence[str], *,
+                    max_in_flight: int, budget: str) -> tuple[Benchmark, RolloutConfig, EngineConfig, SchedulerConfig]:
+    """The benchmark and the configs for serving ``model`` on an in-process engine from ``key=value`` overrides (see
+    :func:`split_overrides`): b_max ``max_in_flight``, ``max_model_len`` the prompt budget plus
+    ``rollout.budget.<budget>`` (``eval_total`` or ``total``), bfloat16 on a GPU. Raises ``ConfigError`` naming
+    every value that does not fit the model or the others."""
+    import torch
+    from transformers import AutoConfig
+
+    from actfirst.envs.benchmarks import load_benchmark
+
+    groups = split_overrides(overrides)
+    benchmark = load_benchmark(benchmark_name, config, groups["env"])
+    rollout = _load(RolloutConfig, groups["rollout"], "rollout")
+    scheduler_cfg = _load(SchedulerConfig, groups["scheduler"], "scheduler", {"b_max": max_in_flight})
+    response = getattr(rollout.budget, budget)
+    need = rollout.max_prompt_tokens + response
+    engine_cfg = _load(EngineConfig, groups["engine"], "engine", {
+        "model": model, "dtype": "bfloat16" if torch.cuda.is_available() else "float32",
+        "max_model_len": need, "max_num_seqs": scheduler_cfg.b_max, "max_num_batched_tokens": max(8192, need)})
+    positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    problems = []
+    if positions is not None and engine_cfg.max_model_len > positions:
+        problems.append(f"engine.max_model_len={engine_cfg.max_model_len} exceeds the model's "
+                        f"max_position_embeddings={positions} (lower rollout.max_prompt_tokens or "
+                        f"rollout.budget.{budget})")
+    if need > engine_cfg.max_model_len:
+        problems.append(f"rollout.max_prompt_tokens={rollout.max_prompt_tokens} + rollout.budget.{budget}="
+                        f"{response} = {need} exceeds engine.max_model_len={engine_cfg.max_model_len}")
+    if scheduler_cfg.b_max > engine_cfg.max_num_seqs:
+        problems.append(f"scheduler.b_max={scheduler_cfg.b_max} exceeds engine.max_num_seqs={engine_cfg.max_num_seqs}")
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return benchmark, rollout, engine_cfg, scheduler_cfg
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m actfirst.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="the student's Hugging Face directory")
@@ -232,10 +275,6 @@ async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: Rollout
 
 
 def main(argv: list[str] | None = None) -> int:
-    import torch
-
-    from actfirst.envs.benchmarks import load_benchmark
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if not Path(args.checkpoint).is_dir():
@@ -244,35 +283,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
     if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
         parser.error(f"--seeds={args.seeds}: need distinct seeds >= 0")
-    groups = split_overrides(args.overrides)
     try:
-        benchmark = load_benchmark(args.benchmark, args.config, groups["env"])
-        rollout = _load(RolloutConfig, groups["rollout"], "rollout")
-        scheduler_cfg = _load(SchedulerConfig, groups["scheduler"], "scheduler", {"b_max": args.max_in_flight})
-        need = rollout.max_prompt_tokens + rollout.budget.eval_total
-        engine_cfg = _load(EngineConfig, groups["engine"], "engine", {
-            "model": args.checkpoint, "dtype": "bfloat16" if torch.cuda.is_available() else "float32",
-            "max_model_len": need, "max_num_seqs": scheduler_cfg.b_max, "max_num_batched_tokens": max(8192, need)})
+        benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
+            args.checkpoint, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
+            budget="eval_total")
     except (ConfigError, ValueError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from transformers import AutoConfig
-
-    positions = getattr(AutoConfig.from_pretrained(args.checkpoint), "max_position_embeddings", None)
-    problems = []
-    if positions is not None and engine_cfg.max_model_len > positions:
-        problems.append(f"engine.max_model_len={engine_cfg.max_model_len} exceeds the model's "
-                        f"max_position_embeddings={positions} (lower rollout.max_prompt_tokens or "
-                        f"rollout.budget.eval_total)")
-    if need > engine_cfg.max_model_len:
-        problems.append(f"rollout.max_prompt_tokens={rollout.max_prompt_tokens} + rollout.budget.eval_total="
-                        f"{rollout.budget.eval_total} = {need} exceeds engine.max_model_len={engine_cfg.max_model_len}")
-    if scheduler_cfg.b_max > engine_cfg.max_num_seqs:
-        problems.append(f"scheduler.b_max={scheduler_cfg.b_max} exceeds engine.max_num_seqs={engine_cfg.max_num_seqs}")
-    if problems:
-        print("config error: " + "; ".join(problems), file=sys.stderr)
-        return 2
-
     report = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
     report.meta.update({"checkpoint": str(args.checkpoint), "split": args.split})
     if args.out:

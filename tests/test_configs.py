@@ -8,8 +8,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actfirst.config import (STRATEGIES, ALFWorldConfig, ConfigError, ModelConfig, RolloutSpeedupConfig,
-                             ScienceWorldConfig, TrainConfig, WebShopConfig, load_config)
+from actfirst.config import (
+    STRATEGIES,
+    ALFWorldConfig,
+    ConfigError,
+    ModelConfig,
+    RolloutSpeedupConfig,
+    ScienceWorldConfig,
+    TrainConfig,
+    WebShopConfig,
+    load_config,
+)
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TRAIN = sorted((CONFIGS / "train").rglob("*.yaml"))
@@ -22,7 +31,7 @@ ENV_CLASSES = {"alfworld": ALFWorldConfig, "scienceworld": ScienceWorldConfig, "
 def config_class(path: Path) -> type:
     """The config class a shipped YAML is for (an unmapped file fails the test that lists them all)."""
     rel = path.relative_to(CONFIGS)
-    if rel.parts[0] == "train":
+    if rel.parts[0] in ("train", "demo"):
         return TrainConfig
     if rel.parts[0] == "envs":
         return ENV_CLASSES[path.stem]
@@ -73,6 +82,10 @@ def test_training_config_holds_the_paper_settings(path, paths):
     # Appendix B.3.
     b = cfg.rollout.budget
     assert (b.first_stage, b.total, b.eval_first_stage, b.eval_total) == (384, 512, 1920, 2048)
+    # C.1, C.4: evaluated on the training engine with seeds 42/43/44; C.2: ten teacher rollouts per task.
+    assert cfg.evaluation is not None and cfg.evaluation.seeds == [42, 43, 44]
+    assert cfg.rollout.max_prompt_tokens + b.eval_total <= cfg.student.max_model_len
+    assert cfg.prepare.teacher_rollouts == 10 and cfg.prepare.build_models is None
     assert (b.second_stage, b.fast_action_tokens) == (128, 512)
     assert cfg.rollout.max_prompt_tokens + b.total <= cfg.student.max_model_len
     # Appendix B.4.
@@ -88,7 +101,8 @@ def test_training_config_holds_the_paper_settings(path, paths):
 
 @pytest.mark.parametrize("path", TRAIN, ids=lambda p: p.relative_to(CONFIGS).as_posix())
 def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, monkeypatch, capsys):
-    import actfirst.train.__main__ as cli
+    import actfirst.run as cli
+    import actfirst.train.loop
 
     size = path.stem.removeprefix("qwen3-").upper()
     with pytest.raises(ConfigError) as err:
@@ -96,7 +110,7 @@ def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, mo
     assert f"student.model='/models/Qwen3-{size}': is not a directory" in str(err.value)
 
     bench = path.parent.name
-    student, teacher, refs = paths
+    student, teacher, _ = paths
     for given, message in (([student], f"teacher='/models/{bench}-teacher-qwen3-8b': is not a directory"),
                            ([student, teacher], f"references='runs/refs/{bench}.jsonl': is not a file")):
         with pytest.raises(ConfigError, match=message):
@@ -106,7 +120,7 @@ def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, mo
     def no_work(*args, **kwargs):
         raise AssertionError("train() called with a bad config")
 
-    monkeypatch.setattr(cli, "train", no_work)
+    monkeypatch.setattr(actfirst.train.loop, "train", no_work)
     assert cli.main(["--config", str(path)]) == 2
     assert f"student.model='/models/Qwen3-{size}': is not a directory" in capsys.readouterr().err
 
@@ -144,3 +158,20 @@ def test_every_shipped_yaml_loads_into_its_class(tmp_path, paths):
         assert isinstance(load_config(cls, path, overrides), cls), path
         seen.add(cls)
     assert seen == {TrainConfig, RolloutSpeedupConfig, ModelConfig, *ENV_CLASSES.values()}
+
+
+def test_demo_config_builds_its_models_from_nothing():
+    """The CPU demo's config: its student and (when not shipped) teacher are prepare's outputs, so it loads under
+    ``paths_unchecked`` and names what prepare builds; the task set evaluates held-out variations of the trained
+    types, at least 64 sampled episodes per evaluation."""
+    from actfirst.run import DEMO_CONFIG, load_run_config
+
+    cfg = load_run_config(None, [])
+    assert Path(DEMO_CONFIG).is_file()
+    build = cfg.prepare.build_models
+    assert build is not None and build.student_sft.modes == ["full_response", "next_action", "inverse_dynamics"]
+    env = cfg.env_config
+    assert env.eval_task_types == env.train_task_types
+    assert len(env.eval_task_types) * env.eval_variations * len(cfg.evaluation.seeds) >= 64
+    with pytest.raises(ConfigError, match="student.model="):
+        load_config(TrainConfig, DEMO_CONFIG, ["student.model=/does/not/exist"])

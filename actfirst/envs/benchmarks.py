@@ -235,12 +235,15 @@ class ScienceWorldBenchmark(Benchmark):
         return task.task_type
 
     def _tasks(self, split: str) -> list:
-        """train: the first half of the variations of the configured types; eval: the last five of all 30."""
+        """train: the first half of the variations of the configured types; eval: the last ``eval_variations`` (C.1:
+        five) of ``eval_task_types`` (C.1: all 30)."""
         from actfirst.envs.scienceworld_tasks import scienceworld_max_variations, scienceworld_splits
 
         if self._max_variations is None:  # read once from the simulator (starts a JVM)
             self._max_variations = scienceworld_max_variations()
-        train, evaluation = scienceworld_splits(self.config.train_task_types, self._max_variations)
+        train, evaluation = scienceworld_splits(self.config.train_task_types, self._max_variations,
+                                                eval_types=self.config.eval_task_types,
+                                                eval_variations=self.config.eval_variations)
         return train if split == "train" else evaluation
 
     async def candidates(self, worker, task) -> list[tuple[str, list[str]]]:

@@ -46,20 +46,24 @@ def scienceworld_max_variations() -> dict[str, int]:
         env.close()
 
 
-def scienceworld_splits(train_types: list[str], max_variations: dict[str, int]
+def scienceworld_splits(train_types: list[str], max_variations: dict[str, int], *,
+                        eval_types: list[str] | None = None, eval_variations: int = EVAL_VARIATIONS_PER_TYPE
                         ) -> tuple[list[ScienceWorldTask], list[ScienceWorldTask]]:
     """(training tasks, evaluation tasks) as Appendix C.1 defines them.
 
     Args:
         train_types: the trained task types (validated by ``ScienceWorldConfig``).
         max_variations: number of variations of every task type (from the simulator).
+        eval_types: the evaluated types (None: all 30, as C.1).
+        eval_variations: the last N variations of each evaluated type (C.1: 5).
     """
     missing = sorted(set(TASK_TYPES) - set(max_variations))
     if missing:
         raise ValueError(f"max_variations: no count for {missing}")
     train = [ScienceWorldTask(t, v) for t in train_types for v in range(max_variations[t] // 2)]
-    evaluation = [ScienceWorldTask(t, v) for t in TASK_TYPES
-                  for v in range(max_variations[t] - EVAL_VARIATIONS_PER_TYPE, max_variations[t])]
+    evaluation = [ScienceWorldTask(t, v) for t in (eval_types or TASK_TYPES)
+                  for v in range(max(0, max_variations[t] - eval_variations), max_variations[t])]
     if set(train) & set(evaluation):
-        raise ValueError("training and evaluation instances overlap (a type with fewer than 10 variations)")
+        raise ValueError(f"eval_variations={eval_variations}: training and evaluation instances overlap (training "
+                         f"takes the first half of a type's variations)")
     return train, evaluation

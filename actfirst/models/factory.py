@@ -77,11 +77,14 @@ def qwen3_config(cfg: ModelConfig, vocab_size: int) -> Qwen3Config:
     )
 
 
-def build_model(cfg: ModelConfig, out: str | Path) -> Path:
-    """Build a randomly initialized Qwen3-architecture model and save it, with its tokenizer, to ``out``."""
-    tok = build_tokenizer(cfg)
+def build_model(cfg: ModelConfig, out: str | Path, tokenizer: PreTrainedTokenizerFast | None = None) -> Path:
+    """Build a randomly initialized Qwen3-architecture model and save it, with its tokenizer, to ``out``.
+
+    ``tokenizer``: use this one (e.g. one trained on a task's own text, shared by a teacher and its student)
+    instead of the one ``cfg.tokenizer`` names."""
+    tok = tokenizer if tokenizer is not None else build_tokenizer(cfg)
     # Qwen3 pads its embedding to 151,936 rows; the small tokenizer pads to a multiple of 64.
-    vocab_size = QWEN3_PADDED_VOCAB if cfg.tokenizer == "qwen3" else -(-len(tok) // 64) * 64
+    vocab_size = QWEN3_PADDED_VOCAB if tokenizer is None and cfg.tokenizer == "qwen3" else -(-len(tok) // 64) * 64
     hf_cfg = qwen3_config(cfg, vocab_size)
     hf_cfg.eos_token_id = tok.convert_tokens_to_ids("<|im_end|>")
     hf_cfg.pad_token_id = tok.convert_tokens_to_ids("<|endoftext|>")

@@ -1,6 +1,6 @@
 """The OPD training loop: environment -> rollout -> buffer -> teacher scoring -> update -> engine.
 
-    python -m actfirst.train --config configs/train/<setting>.yaml [key=value ...] [--resume]
+    python -m actfirst.run --config configs/train/<setting>.yaml [key=value ...] [--resume]   (prepares, then this)
 
 Each update (Appendix B.4, C.3):
 
@@ -13,6 +13,11 @@ Each update (Appendix B.4, C.3):
 With ``overlap``, the next rollout batch is collected while steps 2-3 run (in a thread; the engine keeps serving
 on the event loop), and the new weights enter the engine when that rollout batch ends, so nothing in flight is
 thrown away and the staleness rule bounds the lag to one version.
+
+With an ``evaluation`` section the student is evaluated on the same engine (C.1, C.4: think-then-act, the evaluation
+budget, seeds 42/43/44) before the first update, every ``evaluation.every`` updates and after the last; each
+evaluation appends a line to ``evals.jsonl``, stores its report under ``evals/`` and redraws
+``training_curve.png``. Evaluation time is not training time: ``elapsed_s`` excludes it.
 
 Every ``checkpoint_every`` updates (and after the last) the student, optimizer, schedule, buffer, task order, RNG
 states and counters are checkpointed atomically (``actfirst.train.checkpoint``); ``resume`` continues from the
@@ -42,12 +47,14 @@ from actfirst.config import TrainConfig, to_dict
 from actfirst.engine.core import ActFirstEngine, summarize_records
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
+from actfirst.eval import evaluate, pick_tasks
 from actfirst.references import load_references
 from actfirst.rollout.runner import EpisodeResult, RolloutBatch, RolloutRunner
 from actfirst.rollout.strategies import make_strategy
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint, truncate_metrics
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_metrics, summary_line
+from actfirst.train.plots import plot_training_curve, read_records
 from actfirst.train.sample import Sample
 from actfirst.train.student import StudentUpdater
 from actfirst.train.teacher import TeacherScorer
@@ -66,6 +73,8 @@ class TrainResult:
     num_transitions: int
     weight_version: int
     probe_gaps: list[float]
+    evals: list[dict[str, Any]]
+    """The run's evaluations (``evals.jsonl``), the runs before a resume included."""
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, rank: int = 0, world_size: int = 1) -> TrainResult:
@@ -99,7 +108,7 @@ class TaskStream:
         self.queue = deque(by_key[k] for k in state["queue"])
 
 
-RESUMABLE_CHANGES = ("num_updates", "checkpoint_every", "keep_checkpoints", "probe_every")
+RESUMABLE_CHANGES = ("num_updates", "checkpoint_every", "keep_checkpoints", "probe_every", "evaluation", "prepare")
 """Config keys a resumed run may change; any other difference from the checkpointed run is refused."""
 
 
@@ -111,7 +120,7 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
     checkpoint = latest_checkpoint(out_dir) if resume else None
     if resume and checkpoint is None:
         print(f"resume: no checkpoint in {out_dir}; starting from update 1", flush=True)
-    if checkpoint is None and (out_dir / "metrics.jsonl").exists():
+    if checkpoint is None and not resume and (out_dir / "metrics.jsonl").exists():
         raise FileExistsError(f"out_dir={str(out_dir)!r} holds a run's metrics.jsonl: pass --resume to continue it, "
                               f"or choose another out_dir")
     state = load_checkpoint(checkpoint) if checkpoint is not None else None
@@ -120,7 +129,7 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
 
     # The benchmark, this rank's tasks and their references.
     benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
-    tasks = benchmark.tasks("train")[: cfg.train_tasks or None][rank::world_size]
+    tasks = cfg.training_tasks(benchmark)[rank::world_size]
     strategy = make_strategy(cfg.rollout.strategy)
     references = load_references(cfg.references) if strategy.uses_references else None
     if references is not None:
@@ -157,18 +166,53 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
     lead = rank == 0  # only rank 0 writes the config, the metrics and the checkpoints
     if lead:
         (out_dir / "config.json").write_text(json.dumps(to_dict(cfg), indent=1, default=str))
-        if state is not None:
-            truncate_metrics(out_dir / "metrics.jsonl", state["update"])  # drop what the lost update logged
+        if resume:  # drop what the updates after the checkpoint (or before any checkpoint) logged
+            truncate_metrics(out_dir / "metrics.jsonl", state["update"] if state is not None else 0)
+            truncate_metrics(out_dir / "evals.jsonl", state["update"] if state is not None else 0)
     sink = MetricsSink(out_dir) if lead else None
+    eval_s = 0.0  # this process's evaluation time (not training time)
+    eval_tasks = pick_tasks(benchmark, benchmark.tasks(cfg.evaluation.split), cfg.evaluation.tasks) \
+        if cfg.evaluation is not None and lead else []
 
     def elapsed() -> float:
-        """Training wall-clock so far, the runs before a resume included."""
-        return elapsed_before + time.perf_counter() - started
+        """Training wall-clock so far, the runs before a resume included, evaluation excluded."""
+        return elapsed_before + time.perf_counter() - started - eval_s
+
+    def eval_due(update: int) -> bool:
+        spec = cfg.evaluation
+        return lead and spec is not None and (
+            (update == 0 and spec.before) or update == cfg.num_updates or (spec.every > 0 and update > 0
+                                                                           and update % spec.every == 0))
+
+    async def run_evaluation(update: int) -> None:
+        """Evaluate the engine's current weights; log, store the report and redraw the training curve."""
+        nonlocal eval_s
+        t0 = time.perf_counter()
+        spec = cfg.evaluation
+        tqdm.write(f"evaluation at update {update}: {len(eval_tasks)} tasks x seeds {spec.seeds}")
+        report = await evaluate(engine, tokenizer, benchmark, eval_tasks, seeds=spec.seeds, rollout=cfg.rollout,
+                                max_in_flight=spec.max_in_flight, progress=False, pool=pool)
+        wall = time.perf_counter() - t0
+        report.meta.update({"update": update, "weight_version": engine.weight_version, "split": spec.split})
+        name = f"evals/update_{update:06d}.json"
+        (out_dir / "evals").mkdir(exist_ok=True)
+        (out_dir / name).write_text(report.to_json())
+        summary = report.summary()
+        eval_s += time.perf_counter() - t0
+        row = {"update": update, "elapsed_s": elapsed(), "eval_wall_s": wall, "report": name, "summary": summary}
+        with (out_dir / "evals.jsonl").open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        lo, hi = summary["SR_ci95_pooled"]
+        tqdm.write(f"evaluation at update {update}: SR {summary['SR']['mean']:.1f} ± {summary['SR']['sd']:.1f} "
+                   f"(95% CI [{lo:.1f}, {hi:.1f}], {summary['episodes']} episodes) in {wall:.0f} s")
+        plot_training_curve(out_dir, teacher_sr=teacher_sr)
+        engine.records.clear()  # the evaluation's requests are not the next update's queue statistics
 
     engine = ActFirstEngine.from_config(dataclasses.replace(cfg.student, model=student_dir), cfg.scheduler)
     if state is not None:
         engine.weight_version = state["weight_version"]  # the engine loaded the checkpoint's weights
         print(f"resume: {checkpoint} (update {state['update']}, weight version {engine.weight_version})", flush=True)
+    teacher_sr = _teacher_sr(cfg.teacher)
     pending: asyncio.Future | None = None
     bar = tqdm(total=cfg.num_updates, initial=first_update - 1, desc="updates", unit="update", disable=not lead,
                dynamic_ncols=True)
@@ -178,6 +222,10 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
             runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool,
                                    strategy=strategy, cfg=cfg.rollout, references=references,
                                    seed=cfg.seed * 7919 + rank)
+            done_evals = {r["update"] for r in read_records(out_dir / "evals.jsonl")}
+            last_done = state["update"] if state is not None else 0
+            if eval_due(last_done) and last_done not in done_evals:  # update 0, or one a kill interrupted
+                await run_evaluation(last_done)
 
             def start_batch() -> asyncio.Future:
                 nonlocal batch_index
@@ -271,6 +319,10 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
                         save_checkpoint(out_dir, update=update, model=student, tokenizer=tokenizer,
                                         trainer_state=trainer_state, keep=cfg.keep_checkpoints)
                 bar.update(1)
+                if eval_due(update):
+                    await run_evaluation(update)
+            if lead:
+                plot_training_curve(out_dir, teacher_sr=teacher_sr)  # the gap curve, with or without evaluations
     finally:
         if pending is not None:
             pending.cancel()
@@ -278,7 +330,16 @@ async def _train(cfg: TrainConfig, *, resume: bool, rank: int, world_size: int) 
         if sink is not None:
             sink.close()
         await engine.close()
-    return TrainResult(out_dir, cfg.num_updates, elapsed(), total_transitions, engine.weight_version, probe_gaps)
+    return TrainResult(out_dir, cfg.num_updates, elapsed(), total_transitions, engine.weight_version, probe_gaps,
+                       read_records(out_dir / "evals.jsonl"))
+
+
+def _teacher_sr(teacher: str) -> float | None:
+    """The teacher's SR (percent) when ``actfirst.prepare`` evaluated it (a line on the training curve)."""
+    from actfirst.prepare import teacher_summary
+
+    summary = teacher_summary(teacher)
+    return summary["SR"]["mean"] if summary is not None else None
 
 
 def _check_resumable(saved: dict[str, Any], current: dict[str, Any]) -> None:

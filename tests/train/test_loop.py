@@ -47,7 +47,7 @@ def run_config(alfworld_games, tiny_model_dir, tmp_path_factory):
 
 def train_cli(config, *args):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "actfirst.train", "--config", str(config), *args], env=env,
+    proc = subprocess.run([sys.executable, "-m", "actfirst.run", "--config", str(config), *args], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
@@ -74,7 +74,7 @@ def test_the_loop_turns_and_resumes(run_config):
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "update_000002"
 
     # A second run without --resume refuses to mix its metrics into this run's.
-    proc = subprocess.run([sys.executable, "-m", "actfirst.train", "--config", str(config)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "actfirst.run", "--config", str(config)], capture_output=True,
                           text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode != 0 and "--resume" in proc.stderr
 
@@ -93,7 +93,7 @@ def test_bad_config_is_named(run_config, tmp_path):
     bad["rollout"]["strategy"] = "actfrist"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
-    proc = subprocess.run([sys.executable, "-m", "actfirst.train", "--config", str(path)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "actfirst.run", "--config", str(path)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "rollout.strategy='actfrist'" in proc.stderr
 

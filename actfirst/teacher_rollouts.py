@@ -1,0 +1,211 @@
+"""Teacher rollouts as reference candidates (Appendix C.2: "ten rollouts per training task" of the teacher).
+
+::
+
+    candidates = await teacher_candidates(engine, tokenizer, benchmark, benchmark.tasks("train"), rollout=cfg.rollout)
+    write_candidates("refs/teacher.jsonl", candidates)   # then: build_references(..., candidate_files=[...])
+
+    python -m actfirst.teacher_rollouts --teacher DIR --benchmark scienceworld --out refs/teacher.jsonl \\
+        [--per-task 10] [--tasks N] [--config ENVYAML] [key=value ...]   # rollout.*, engine.*, scheduler.* as eval
+
+The teacher, served by the same in-process engine class as the student, plays every task ``per_task`` times
+think-then-act (the ``vanilla`` strategy: each turn executes its full response's action) with the *training*
+thinking budget and ``rollout.temperature`` (C.2 names neither; these are the settings the candidates are replayed
+under). As in ``actfirst.eval``, up to ``max_in_flight`` episodes run at once on one engine and a pool of that many
+workers kept full, and episode (index, repeat) samples with seeds derived from (seed, index, repeat) alone, never
+from scheduling. The executed action sequences of the successful episodes are kept per task key, deduplicated,
+in repeat order; a task without a success has no entry, and an episode whose worker died or whose environment
+raised counts as a failure. The JSONL written by ``write_candidates`` is what ``actfirst.references`` reads
+(``--candidates``); its candidates carry the source ``candidates:<file name>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig
+from actfirst.envs.benchmarks import Benchmark
+from actfirst.eval import MAX_TASKS, engine_max_model_len, episode_seed, pick_tasks, serving_configs
+from actfirst.references import _write_atomically
+
+MAX_REPEATS = 1 << 10
+"""Rollout seeds leave room for this many repeats per task."""
+
+
+def teacher_rollout_config(rollout: RolloutConfig, max_in_flight: int) -> RolloutConfig:
+    """``rollout`` as teacher rollouts run it: think-then-act with the training budget, ``max_in_flight`` at once."""
+    return dataclasses.replace(rollout, strategy="vanilla", batch_tasks=max_in_flight)
+
+
+def rollout_seed(seed: int, index: int, repeat: int, stride: int) -> int:
+    """The base sampling seed of repeat ``repeat`` of task ``index``: a function of (seed, index, repeat) alone,
+    distinct for every triple (``actfirst.eval.episode_seed`` with one evaluation seed per (seed, repeat))."""
+    if seed < 0:
+        raise ValueError(f"seed={seed}: must be >= 0")
+    if not 0 <= repeat < MAX_REPEATS:
+        raise ValueError(f"repeat={repeat}: must be in [0, {MAX_REPEATS})")
+    return episode_seed(seed * MAX_REPEATS + repeat, index, stride)
+
+
+async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any], *, per_task: int = 10,
+                             rollout: RolloutConfig, max_in_flight: int = 16, seed: int = 0,
+                             progress: bool = True) -> dict[str, list[list[str]]]:
+    """Successful teacher action sequences by ``benchmark.task_key``; see the module docstring."""
+    from actfirst.envs.workers import EnvPool
+    from actfirst.rollout.runner import RolloutRunner
+    from actfirst.rollout.strategies import make_strategy
+
+    tasks = list(tasks)
+    if not 1 <= per_task <= MAX_REPEATS:
+        raise ValueError(f"per_task={per_task}: must be in [1, {MAX_REPEATS}]")
+    if max_in_flight < 1:
+        raise ValueError(f"max_in_flight={max_in_flight}: must be >= 1")
+    if seed < 0:
+        raise ValueError(f"seed={seed}: must be >= 0")
+    if len(tasks) > MAX_TASKS:
+        raise ValueError(f"{len(tasks)} tasks: at most {MAX_TASKS}")
+    keys = [benchmark.task_key(t) for t in tasks]
+    if len(set(keys)) != len(keys):
+        raise ValueError("task keys are not unique; check the task set")
+    if not tasks:
+        return {}
+    cfg = teacher_rollout_config(rollout, max_in_flight)
+    limit = engine_max_model_len(engine)
+    need = cfg.max_prompt_tokens + cfg.budget.total
+    if limit is not None and need > limit:
+        raise ValueError(f"rollout.max_prompt_tokens={cfg.max_prompt_tokens} + rollout.budget.total="
+                         f"{cfg.budget.total} = {need} exceeds the engine's max_model_len={limit}")
+    stride = 2 * benchmark.max_turns + cfg.budget.total + 2  # as eval: above the runner's largest seed offset
+    # Task-major: a task's repeats run side by side and share their first prompt in the prefix cache.
+    jobs = deque((index, repeat) for index in range(len(tasks)) for repeat in range(per_task))
+    total, finished, failures = len(jobs), 0, 0
+    wins: dict[tuple[int, int], list[str]] = {}
+    every = max(1, total // 20)
+    started = time.perf_counter()
+
+    with EnvPool(benchmark.env_spec(), size=min(max_in_flight, total), call_timeout_s=cfg.env_timeout_s) as pool:
+        runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool,
+                               strategy=make_strategy("vanilla"), cfg=cfg, references=None)
+
+        async def slot(worker) -> None:
+            nonlocal finished, failures
+            while jobs:
+                index, repeat = jobs.popleft()
+                episode = await runner.run_episode(tasks[index], worker,
+                                                   seed=rollout_seed(seed, index, repeat, stride))
+                finished += 1
+                if episode.failure is not None:
+                    failures += 1
+                    print(f"[teacher] task {episode.task} repeat {repeat}: episode failed ({episode.failure})",
+                          file=sys.stderr, flush=True)
+                elif episode.won:
+                    wins[index, repeat] = [t.action for t in episode.turns]
+                if progress and (finished % every == 0 or finished == total):
+                    wall = time.perf_counter() - started
+                    print(f"[teacher {benchmark.name}] {finished}/{total} episodes, {len(wins)} successful, "
+                          f"{failures} failed, {finished / wall:.2f} episodes/s", flush=True)
+
+        try:
+            async with asyncio.TaskGroup() as group:  # an unexpected error stops the other slots too
+                for worker in pool.workers:
+                    group.create_task(slot(worker))
+        except BaseExceptionGroup as group_error:
+            raise group_error.exceptions[0]
+
+    out: dict[str, list[list[str]]] = {}
+    for index, key in enumerate(keys):
+        seen: set[tuple[str, ...]] = set()
+        for repeat in range(per_task):
+            actions = wins.get((index, repeat))
+            if actions is not None and tuple(actions) not in seen:
+                seen.add(tuple(actions))
+                out.setdefault(key, []).append(actions)
+    return out
+
+
+def write_candidates(path: str | Path, candidates: dict[str, list[list[str]]]) -> Path:
+    """Write ``candidates`` as the JSONL ``actfirst.references.read_candidates`` reads (one
+    ``{"task": key, "actions": [...]}`` per line), atomically; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"task": key, "actions": list(actions)}) + "\n"
+             for key, sequences in candidates.items() for actions in sequences]
+    _write_atomically(path, "".join(lines))
+    return path
+
+
+# -- CLI -------------------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m actfirst.teacher_rollouts", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--teacher", required=True, help="the teacher's Hugging Face directory")
+    parser.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop"])
+    parser.add_argument("--out", required=True, help="candidate JSONL to write")
+    parser.add_argument("--split", default="train", choices=["train", "eval"])
+    parser.add_argument("--per-task", type=int, default=10, help="rollouts per task (C.2: ten)")
+    parser.add_argument("--tasks", type=int, default=0, help="N tasks, round-robin over task types (0: all)")
+    parser.add_argument("--seed", type=int, default=0, help="base of the sampling seeds")
+    parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
+    parser.add_argument("--max-in-flight", type=int, default=16, help="episodes (and env workers) at once")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="env config overrides (max_turns=...); rollout.*, engine.*, scheduler.* override those "
+                             "configs (rollout.budget.total=..., rollout.temperature=..., engine.dtype=...)")
+    return parser
+
+
+async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
+                scheduler_cfg: SchedulerConfig) -> dict[str, list[list[str]]]:
+    from transformers import AutoTokenizer
+
+    from actfirst.engine.core import ActFirstEngine
+
+    tasks = pick_tasks(benchmark, benchmark.tasks(args.split), args.tasks)
+    print(f"[teacher {benchmark.name}] {len(tasks)} {args.split} tasks x {args.per_task} rollouts, teacher "
+          f"{args.teacher}", flush=True)
+    engine = ActFirstEngine.from_config(engine_cfg, scheduler_cfg)
+    tokenizer = AutoTokenizer.from_pretrained(args.teacher)
+    try:
+        candidates = await teacher_candidates(engine, tokenizer, benchmark, tasks, per_task=args.per_task,
+                                              rollout=rollout, max_in_flight=args.max_in_flight, seed=args.seed)
+    finally:
+        await engine.close()
+    print(f"[teacher {benchmark.name}] {len(candidates)}/{len(tasks)} tasks with a successful rollout, "
+          f"{sum(map(len, candidates.values()))} distinct sequences", flush=True)
+    return candidates
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not Path(args.teacher).is_dir():
+        parser.error(f"--teacher={args.teacher}: not a directory")
+    if not 1 <= args.per_task <= MAX_REPEATS:
+        parser.error(f"--per-task={args.per_task}: must be in [1, {MAX_REPEATS}]")
+    if args.max_in_flight < 1:
+        parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
+    if args.seed < 0:
+        parser.error(f"--seed={args.seed}: must be >= 0")
+    try:
+        benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
+            args.teacher, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
+            budget="total")
+    except (ConfigError, ValueError) as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    candidates = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
+    print(f"wrote {write_candidates(args.out, candidates)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

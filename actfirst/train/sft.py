@@ -1,0 +1,197 @@
+"""Supervised fine-tuning on reference trajectories: the CPU demo's teacher, and the student's warm start.
+
+The paper's teachers are task-specialized agents and its students start from instruction-tuned Qwen3 checkpoints
+that answer every prompt mode. No weights can be downloaded here, so the demo makes both from the reference cache
+(C.2): every step t of a reference (context c_t with its B.2 history, action a_t, reference next observation
+o_{t+1}) becomes one example per prompt mode (B.1):
+
+- full response: ``<think>`` a short reasoning ``</think>`` then ``<action>a_t</action>`` (think-then-act);
+- next-action prediction and inverse dynamics: ``<action>a_t</action>`` (action only).
+
+Prompts are rendered by :func:`actfirst.prompts.build_prompt`, the same code the rollouts use, from transitions
+replayed in the simulator (the cache's transitions are slimmed: no admissible list, no object aliases).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from actfirst.envs.base import Transition
+from actfirst.envs.benchmarks import Benchmark
+from actfirst.prompts import Mode, Step, build_prompt, render
+from actfirst.references import Reference, replay
+from actfirst.rollout.actions import ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE, THINK_OPEN
+from actfirst.train.packing import final_hidden, pack
+from actfirst.train.sample import Sample
+
+ALL_MODES = (Mode.FULL_RESPONSE, Mode.NEXT_ACTION, Mode.INVERSE_DYNAMICS)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ExpertStep:
+    """One step of a reference trajectory as the rollouts see it: history h_t, o_t, a_t and o_{t+1}."""
+
+    task: str
+    history: tuple[Step, ...]
+    current: Transition
+    action: str
+    next_observation: str
+
+
+def goal(task_description: str) -> str:
+    """The task's goal phrase: its first sentence, without "Your task is to"."""
+    first = re.split(r"(?<=[.!?])\s", task_description.strip(), maxsplit=1)[0].rstrip(".!? ")
+    return re.sub(r"^(your task is to)\s+", "", first, flags=re.IGNORECASE) or "complete the task"
+
+
+def thought(step: ExpertStep) -> str:
+    """A short reasoning text for an expert step: the goal, where the agent is, and the step it chooses."""
+    return f"My task is to {goal(step.current.task_description)}. The next step is: {step.action}."
+
+
+def response_text(mode: Mode, step: ExpertStep) -> str:
+    """The target response of ``step`` in ``mode`` (the end-of-turn token is added by the tokenizer's EOS)."""
+    action = f"{ACTION_OPEN}{step.action}{ACTION_CLOSE}"
+    if mode is Mode.FULL_RESPONSE:
+        return f"{THINK_OPEN}\n{thought(step)}\n{THINK_CLOSE}\n\n{action}"
+    return action
+
+
+async def expert_steps(benchmark: Benchmark, pool: Any, tasks: Sequence[Any], references: dict[str, Reference]
+                       ) -> list[ExpertStep]:
+    """Replay each task's reference (full transitions, as the rollouts see them) and return its steps."""
+    import asyncio
+
+    async def one(worker, task) -> list[ExpertStep]:
+        ref = references[benchmark.task_key(task)]
+        executed, transitions = await replay(worker, task, ref.actions)
+        if executed != ref.actions or not benchmark.accepts_reference(transitions[-1]):
+            raise RuntimeError(f"task {ref.task!r}: its reference no longer replays to success")
+        history: list[Step] = []
+        steps = []
+        for t, action in enumerate(executed):
+            steps.append(ExpertStep(ref.task, tuple(history), transitions[t], action, transitions[t + 1].observation))
+            history.append(Step(transitions[t].observation, action))
+        return steps
+
+    queue = list(tasks)
+    out: dict[int, list[ExpertStep]] = {}
+
+    async def slot(worker) -> None:
+        while queue:
+            index = len(tasks) - len(queue)
+            task = queue.pop(0)
+            out[index] = await one(worker, task)
+
+    await asyncio.gather(*(slot(w) for w in pool.workers))
+    return [s for i in sorted(out) for s in out[i]]
+
+
+def corpus(benchmark: Benchmark, steps: Sequence[ExpertStep], modes: Sequence[Mode] = ALL_MODES) -> list[str]:
+    """Prompt and response texts of ``steps`` (for training a small tokenizer on what the models will read)."""
+    texts = []
+    for step in steps:
+        for mode in modes:
+            texts.append(_render(benchmark, mode, step))
+            texts.append(response_text(mode, step))
+    return texts
+
+
+def _render(benchmark: Benchmark, mode: Mode, step: ExpertStep) -> str:
+    ref = benchmark.reference_observation(step.next_observation) if mode is Mode.INVERSE_DYNAMICS else None
+    return render(benchmark, mode, task_description=step.current.task_description, history=step.history,
+                  step_count=len(step.history), current=step.current, reference_next_observation=ref)
+
+
+def examples(tokenizer, benchmark: Benchmark, steps: Sequence[ExpertStep], *, modes: Sequence[Mode],
+             max_prompt_tokens: int) -> list[Sample]:
+    """One supervised sample per step and mode: the prompt the rollouts would send (B.1, B.2) and the target
+    response followed by the end-of-turn token, every response token supervised."""
+    out = []
+    eos = tokenizer.eos_token_id
+    for step in steps:
+        for mode in modes:
+            ref = benchmark.reference_observation(step.next_observation) if mode is Mode.INVERSE_DYNAMICS else None
+            prompt = build_prompt(tokenizer, benchmark, mode, task_description=step.current.task_description,
+                                  history=list(step.history), current=step.current, budget_tokens=max_prompt_tokens,
+                                  reference_next_observation=ref)
+            target = tokenizer.encode(response_text(mode, step), add_special_tokens=False) + [eos]
+            out.append(Sample(context_ids=prompt.token_ids, response_ids=target, loss_mask=[1] * len(target),
+                              logprobs=[0.0] * len(target), weight_version=0, task=step.task,
+                              turn=len(step.history), strategy=f"sft:{mode.value}"))
+    return out
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class SFTResult:
+    """What :func:`sft` reports: the mean loss per epoch, wall-clock and throughput."""
+
+    epoch_losses: list[float]
+    wall_s: float
+    tokens_per_s: float
+
+
+def sft(model: torch.nn.Module, samples: Sequence[Sample], *, epochs: float, lr: float, batch_tokens: int,
+        micro_batch_tokens: int = 2048, seed: int = 0, weight_decay: float = 0.0,
+        log: Callable[[str], None] | None = print) -> SFTResult:
+    """Cross-entropy on the response tokens of ``samples`` (AdamW, cosine decay to 10%, gradient clip 1.0).
+
+    Each optimizer step takes about ``batch_tokens`` tokens of whole samples (a shuffled slice of the data), packed
+    into rows of at most ``micro_batch_tokens`` (attention in a packed row costs its length squared: short rows
+    are faster); ``epochs`` may be fractional (the last epoch then stops early).
+    """
+    if not samples:
+        raise ValueError("samples=[]: nothing to train on")
+    if epochs <= 0 or lr <= 0 or batch_tokens < 1:
+        raise ValueError(f"epochs={epochs}, lr={lr}, batch_tokens={batch_tokens}: must be positive")
+    rng = random.Random(seed)
+    mean_len = sum(s.num_tokens for s in samples) / len(samples)
+    per_step = max(1, int(batch_tokens // mean_len))
+    steps_per_epoch = math.ceil(len(samples) / per_step)
+    total_steps = max(1, round(epochs * steps_per_epoch))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, total_steps) / total_steps)))
+    model.train()
+    started, tokens, step, losses = time.perf_counter(), 0, 0, []
+    while step < total_steps:
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        epoch_loss, epoch_n = 0.0, 0
+        for i in range(0, len(order), per_step):
+            if step >= total_steps:
+                break
+            batch = [samples[j] for j in order[i:i + per_step]]
+            optimizer.zero_grad(set_to_none=True)
+            n_targets = sum(len(s.response_ids) for s in batch)
+            loss_sum = 0.0
+            for mb in pack(batch, micro_batch_tokens):
+                hidden = final_hidden(model, mb)
+                logits = model.lm_head(hidden).float()
+                loss = F.cross_entropy(logits, mb.targets, reduction="sum") / n_targets
+                loss.backward()
+                loss_sum += float(loss.detach())
+                tokens += mb.num_tokens
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            step += 1
+            epoch_loss += loss_sum * len(batch)
+            epoch_n += len(batch)
+        losses.append(epoch_loss / max(1, epoch_n))
+        if log is not None:
+            wall = time.perf_counter() - started
+            log(f"[sft] epoch {len(losses)}: loss {losses[-1]:.4f}, step {step}/{total_steps}, "
+                f"{tokens / wall:.0f} tok/s, {wall:.0f} s")
+    model.eval()
+    wall = time.perf_counter() - started
+    return SFTResult(epoch_losses=losses, wall_s=wall, tokens_per_s=tokens / wall if wall > 0 else math.nan)

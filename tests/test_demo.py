@@ -1,0 +1,113 @@
+"""The CPU demo end to end, shortened: ``python -m actfirst.run`` on the demo config with small overrides prepares
+everything from nothing (reference cache, tokenizer, teacher SFT and its evaluation, the student's warm start),
+trains a few updates with evaluations, and leaves a checkpoint that transformers and vLLM both load.
+
+Real parts throughout: ScienceWorld, the in-process vLLM engine, Qwen3-architecture models. The models are tiny and
+trained for a fraction of an epoch, so this checks that every stage runs and connects, not that the demo learns
+(the full demo's numbers are in the README)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from safetensors.torch import load_file
+
+SMALL_MODEL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+               "head_dim": 32, "intermediate_size": 128}  # vLLM CPU attention needs head_dim >= 32
+
+
+def cli(module, *args, timeout=900):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", module, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    overrides = [
+        f"references={root / 'refs.jsonl'}", f"teacher={root / 'teacher'}", f"student.model={root / 'student'}",
+        f"out_dir={root / 'run'}", "train_tasks=4", "scienceworld.eval_variations=2", "scienceworld.max_turns=4",
+        "evaluation.seeds=[42]", "evaluation.every=1", "evaluation.max_in_flight=2", "rollout.batch_tasks=2",
+        "rollout.budget.first_stage=8", "rollout.budget.total=12", "rollout.budget.second_stage=4",
+        "rollout.budget.eval_first_stage=8", "rollout.budget.eval_total=12", "rollout.budget.fast_action_tokens=8",
+        "num_updates=2", "batch_samples=2", "num_minibatches=1", "probe_contexts=2", "checkpoint_every=1",
+        "prepare.build_models.tokenizer_vocab_size=400", "rollout.max_prompt_tokens=2048", "micro_batch_tokens=4096",
+        "prepare.build_models.teacher_sft.epochs=0.2", "prepare.build_models.student_sft.epochs=0.2",
+    ]
+    for role in ("teacher", "student"):
+        overrides += [f"prepare.build_models.{role}.{k}={v}" for k, v in SMALL_MODEL.items()]
+    stdout = cli("actfirst.run", *overrides)
+    return root, stdout, overrides
+
+
+def test_demo_prepares_trains_evaluates(demo_run):
+    root, stdout, _ = demo_run
+    # prepare built every input from nothing
+    refs = [json.loads(line) for line in (root / "refs.jsonl").read_text().splitlines()]
+    assert len(refs) == 4 and all(r["source"] == "gold" for r in refs)
+    teacher_sft = json.loads((root / "teacher" / "actfirst_sft.json").read_text())
+    student_sft = json.loads((root / "student" / "actfirst_sft.json").read_text())
+    assert teacher_sft["sft"]["modes"] == ["full_response"]
+    assert student_sft["sft"]["modes"] == ["full_response", "next_action", "inverse_dynamics"]
+    assert student_sft["examples"] == 3 * student_sft["steps"]  # one example per step and mode
+    assert student_sft["steps"] == teacher_sft["steps"]  # 4 training tasks: fewer than the warm start's 12
+    assert teacher_sft["examples"] == teacher_sft["steps"] > 0
+    teacher_eval = json.loads((root / "teacher" / "actfirst_eval.json").read_text())
+    assert teacher_eval["summary"]["overall"]["episodes"] == 2  # 2 held-out variations x 1 type x 1 seed
+    # the student and the teacher share the teacher's tokenizer (the scorer refuses anything else)
+    assert (root / "student" / "tokenizer.json").read_text() == (root / "teacher" / "tokenizer.json").read_text()
+
+    run = root / "run"
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["update"] for m in metrics] == [1, 2]
+    assert [m["weight_version"] for m in metrics] == [1, 2]
+    evals = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    assert [e["update"] for e in evals] == [0, 1, 2]
+    assert all(e["summary"]["episodes"] == 2 for e in evals)
+    assert all((run / e["report"]).is_file() for e in evals)
+    assert (run / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((run / "run_summary.json").read_text())
+    # evaluation time is not training time: training and evaluations fit in what followed preparation
+    assert summary["train_wall_s"] + summary["eval_wall_s"] <= summary["total_s"] - summary["prepare_s"] + 1.0
+    assert [e["update"] for e in summary["evals"]] == [0, 1, 2]
+    assert summary["teacher"]["episodes"] == 2
+    for where in ("metrics.jsonl", "training_curve.png", "checkpoints", "teacher SR", "student SR at update"):
+        assert where in stdout
+
+
+def test_demo_checkpoint_loads_in_transformers_and_vllm(demo_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from actfirst.train.checkpoint import latest_checkpoint
+
+    root = demo_run[0]
+    ckpt = latest_checkpoint(root / "run")
+    assert ckpt is not None and ckpt.name == "update_000002"
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    saved = load_file(ckpt / "model.safetensors")
+    for name, param in model.state_dict().items():
+        if name in saved:
+            assert (param == saved[name]).all(), name
+    assert AutoTokenizer.from_pretrained(ckpt).chat_template
+    # vLLM: the evaluation command serves the checkpoint on the in-process engine and plays an episode
+    report = root / "ckpt_eval.json"
+    cli("actfirst.eval", "--checkpoint", str(ckpt), "--benchmark", "scienceworld", "--tasks", "1", "--seeds", "42",
+        "--max-in-flight", "1", "--out", str(report), "rollout.max_prompt_tokens=1024",
+        "rollout.budget.eval_first_stage=8", "rollout.budget.eval_total=12", "max_turns=2")
+    data = json.loads(report.read_text())
+    assert data["summary"]["overall"]["episodes"] == 1 and not data["failures"]
+
+
+def test_second_run_is_refused_and_prepare_is_cached(demo_run):
+    _, _, overrides = demo_run
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "actfirst.run", *overrides], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2 and "--resume" in proc.stderr
+    out = cli("actfirst.prepare", *[o for o in overrides if not o.startswith("out_dir=")], timeout=300)
+    assert "nothing to do" in out

@@ -1,0 +1,173 @@
+"""Teacher rollouts as reference candidates (Appendix C.2) on the real engine and real ScienceWorld, with a hand-set
+bigram "teacher" (tests/rollout/conftest.py's ``chain_weights``) that always answers RESPONSE.
+
+ScienceWorld's lifespan-longest-lived variation 3 (easy preset) starts outside next to the parrot egg: focusing on
+the parrot wins at once (score 100, done). Variation 0 starts in the hallway, where the same action matches
+nothing, so every episode there runs to the turn limit and fails.
+
+The action is "focus on parrot" (the simulator resolves it to the parrot egg), not the gold path's "focus on egg
+parrot": a bigram machine needs distinct tokens, and the env-bpe vocabulary has no " egg"/" p..." token, so
+"focus on egg parrot" needs the bare " " token twice.
+"""
+
+import asyncio
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from actfirst.config import RolloutConfig, SchedulerConfig, ScienceWorldConfig, ThinkingBudgetConfig
+from actfirst.envs.benchmarks import get_benchmark
+from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+from actfirst.envs.workers import EnvPool
+from actfirst.references import read_candidates, replay
+from actfirst.rollout.runner import RolloutRunner
+from actfirst.teacher_rollouts import MAX_REPEATS, rollout_seed, teacher_candidates, write_candidates
+
+pytestmark = pytest.mark.engine
+
+RESPONSE = "<think>egg</think><action>focus on parrot</action>"
+ACTION = "focus on parrot"
+WIN = ScienceWorldTask("lifespan-longest-lived", 3)
+LOSE = ScienceWorldTask("lifespan-longest-lived", 0)
+MAX_TURNS = 4
+# The training budget (the teacher rollouts' own); RESPONSE is 15 tokens, so it ends in the first stage.
+BUDGET = ThinkingBudgetConfig(first_stage=24, total=32, second_stage=8, eval_first_stage=40, eval_total=48)
+ROLLOUT = RolloutConfig(strategy="actfirst", max_prompt_tokens=2000, budget=BUDGET)
+
+
+def _chain_weights():
+    """tests/rollout/conftest.py's ``chain_weights`` (that conftest is not visible from here)."""
+    spec = importlib.util.spec_from_file_location("_rollout_conftest", Path(__file__).parent / "rollout" / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.chain_weights
+
+
+@pytest.fixture(scope="module")
+def teacher(engine, tiny_model_dir):
+    """The engine serving the hand-set teacher: after the generation prompt's last token it emits RESPONSE, EOS
+    (logit 40 against 0, so temperature 1 follows it). The random weights come back after the module."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False)
+    chain = [prompt[-1], *tokenizer.encode(RESPONSE, add_special_tokens=False), tokenizer.eos_token_id]
+    assert len(set(chain)) == len(chain), [tokenizer.decode([t]) for t in chain]
+    original = load_file(f"{tiny_model_dir}/model.safetensors")
+    engine.reconfigure(SchedulerConfig(b_max=8))
+    engine.update_weights(_chain_weights()(original, chain).items())
+    yield engine, tokenizer
+    engine.update_weights(original.items())
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    return get_benchmark("scienceworld", ScienceWorldConfig(train_task_types=["lifespan-longest-lived"],
+                                                            max_turns=MAX_TURNS))
+
+
+@pytest.fixture(scope="module")
+def result(teacher, benchmark):
+    """Two rollouts of [WIN, LOSE] with two episodes in flight (finished slots take the next episode); every
+    episode the real runner played is recorded with its seed."""
+    engine, tokenizer = teacher
+    played = []
+    run_episode = RolloutRunner.run_episode
+
+    async def recording(self, task, worker, seed):
+        episode = await run_episode(self, task, worker, seed)
+        played.append((seed, episode))
+        return episode
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RolloutRunner, "run_episode", recording)
+        candidates = asyncio.run(teacher_candidates(engine, tokenizer, benchmark, [WIN, LOSE], per_task=2,
+                                                    rollout=ROLLOUT, max_in_flight=2, seed=5, progress=False))
+    return candidates, played
+
+
+def test_only_the_successful_task_has_its_deduplicated_actions(result, benchmark):
+    candidates, _ = result
+    assert benchmark.task_key(WIN) == "lifespan-longest-lived/3"
+    assert candidates == {"lifespan-longest-lived/3": [[ACTION]]}  # two identical wins, kept once; LOSE absent
+
+
+def test_episodes_are_think_then_act_with_the_teachers_text(result, benchmark):
+    _, played = result
+    assert len(played) == 4
+    for _, episode in played:
+        assert episode.failure is None
+        assert [r.text for r in episode.full_responses] == [RESPONSE] * episode.num_turns
+        assert all(not r.truncated and r.num_requests == 1 for r in episode.full_responses)
+        assert [t.action for t in episode.turns] == [ACTION] * episode.num_turns
+        assert all(t.source.value == "full_response" for t in episode.turns)
+    wins = [e for _, e in played if e.task == benchmark.task_key(WIN)]
+    losses = [e for _, e in played if e.task == benchmark.task_key(LOSE)]
+    assert len(wins) == len(losses) == 2
+    assert all(e.won and e.done and e.score == 100 and e.num_turns == 1 for e in wins)  # done after the focus
+    assert all(not e.won and e.score < 100 and e.num_turns == MAX_TURNS for e in losses)
+    assert all(not t.valid for e in losses for t in e.turns)  # "No known action matches that input."
+
+
+def test_seeds_depend_on_seed_index_repeat_only(result, benchmark):
+    _, played = result
+    stride = 2 * MAX_TURNS + BUDGET.total + 2
+    expected = {(benchmark.task_key(task), rollout_seed(5, index, repeat, stride))
+                for index, task in enumerate([WIN, LOSE]) for repeat in range(2)}
+    assert {(e.task, seed) for seed, e in played} == expected
+    seeds = [rollout_seed(s, i, r, stride) for s in range(3) for i in range(4) for r in (0, 1, 2, MAX_REPEATS - 1)]
+    assert len(set(seeds)) == len(seeds)
+    assert min(abs(a - b) for a in seeds for b in seeds if a != b) >= stride  # no two episodes share a turn seed
+    with pytest.raises(ValueError):
+        rollout_seed(0, 0, MAX_REPEATS, stride)
+
+
+def test_write_read_round_trip_and_the_candidates_replay(result, benchmark, tmp_path):
+    candidates, _ = result
+    path = write_candidates(tmp_path / "sub" / "teacher.jsonl", candidates)
+    assert path == tmp_path / "sub" / "teacher.jsonl" and not (path.parent / "teacher.jsonl.tmp").exists()
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [
+        {"task": "lifespan-longest-lived/3", "actions": [ACTION]}]
+    assert read_candidates([path]) == {"lifespan-longest-lived/3": [("candidates:teacher.jsonl", [ACTION])]}
+    more = {"a/1": [["x", "y"], ["z"]], "b/2": [[]]}
+    assert read_candidates([write_candidates(path, more)]) == {
+        "a/1": [("candidates:teacher.jsonl", ["x", "y"]), ("candidates:teacher.jsonl", ["z"])],
+        "b/2": [("candidates:teacher.jsonl", [])]}
+    assert write_candidates(path, {}).read_text() == ""
+
+    async def go():  # what actfirst.references does with a candidate: replay it under the training config
+        with EnvPool(benchmark.env_spec(), size=1) as pool:
+            return await replay(pool.workers[0], WIN, candidates["lifespan-longest-lived/3"][0])
+
+    executed, transitions = asyncio.run(go())
+    assert executed == [ACTION] and transitions[-1].done and benchmark.accepts_reference(transitions[-1])
+
+
+def test_bad_arguments(teacher, benchmark):
+    engine, tokenizer = teacher
+    for kwargs in ({"per_task": 0}, {"max_in_flight": 0}, {"seed": -1}):
+        with pytest.raises(ValueError):
+            asyncio.run(teacher_candidates(engine, tokenizer, benchmark, [WIN], rollout=ROLLOUT, **kwargs))
+    with pytest.raises(ValueError, match="not unique"):
+        asyncio.run(teacher_candidates(engine, tokenizer, benchmark, [WIN, WIN], rollout=ROLLOUT))
+    with pytest.raises(ValueError, match="max_model_len"):
+        asyncio.run(teacher_candidates(engine, tokenizer, benchmark, [WIN], rollout=RolloutConfig()))
+    assert asyncio.run(teacher_candidates(engine, tokenizer, benchmark, [], rollout=ROLLOUT)) == {}
+
+
+def test_cli_config_error(tiny_model_dir, tmp_path):
+    """The CLI's config checks run before any engine or simulator starts."""
+    cmd = [sys.executable, "-m", "actfirst.teacher_rollouts", "--teacher", str(tiny_model_dir), "--benchmark",
+           "scienceworld", "--out", str(tmp_path / "c.jsonl"), "max_turns=2", "rollout.max_prompt_tokens=900",
+           "rollout.budget.total=32", "rollout.budget.first_stage=24", "engine.max_model_len=512"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    bad = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120, env=env,
+                         cwd=Path(__file__).parents[1])
+    assert bad.returncode == 2 and "= 932 exceeds engine.max_model_len=512" in bad.stderr, bad.stderr[-2000:]
+    assert not (tmp_path / "c.jsonl").exists()
