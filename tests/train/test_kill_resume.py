@@ -7,7 +7,6 @@ updates lost are exactly those logged after the checkpoint: at most one with a c
 
 (``test_checkpoint.py`` kills ``save_checkpoint`` alone in a miniature loop; here it is the real run's process.)"""
 
-import asyncio
 import itertools
 import json
 import os
@@ -24,11 +23,6 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
-from actfirst.config import ALFWorldConfig, ModelConfig
-from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.workers import EnvPool
-from actfirst.models.factory import build_model
-from actfirst.references import build_references
 from actfirst.train.checkpoint import latest_checkpoint, load_checkpoint
 
 POLL_S = 0.005
@@ -37,27 +31,10 @@ WRITE_KILL_ATTEMPTS = 3
 
 
 @pytest.fixture(scope="module")
-def base_config(alfworld_games, tiny_model_dir, tmp_path_factory):
-    """test_loop.py's tiny run: generated ALFWorld games, their references, a tiny teacher and the tiny student."""
-    root = tmp_path_factory.mktemp("kill_resume")
-    games = alfworld_games[0].game_file.rsplit("/train/", 1)[0]
-    env = {"generated_dir": games, "games_per_type": 1, "max_turns": 3}
-    benchmark = get_benchmark("alfworld", ALFWorldConfig(**env))
-    with EnvPool(benchmark.env_spec(), size=2) as pool:
-        asyncio.run(build_references(benchmark, benchmark.tasks("train"), pool, out=root / "refs.jsonl"))
-    teacher = build_model(ModelConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                      num_key_value_heads=1, head_dim=32, intermediate_size=128, seed=7),
-                          root / "teacher")
-    return {
-        "benchmark": "alfworld", "alfworld": env, "teacher": str(teacher), "references": str(root / "refs.jsonl"),
-        "student": {"model": str(tiny_model_dir), "dtype": "float32", "max_model_len": 2048, "max_num_seqs": 16,
-                    "max_num_batched_tokens": 4096, "kv_cache_gib": 1},
-        "scheduler": {"b_max": 16},
-        "rollout": {"strategy": "actfirst", "batch_tasks": 2, "max_prompt_tokens": 2000,
-                    "budget": {"first_stage": 12, "total": 16, "second_stage": 4, "fast_action_tokens": 6}},
-        "optim": {"lr": 1e-3}, "batch_samples": 4, "micro_batch_tokens": 4096, "probe_contexts": 1,
-        "evaluation": None,  # the kills are about training and its checkpoints
-    }
+def base_config(tiny_run_config):
+    """The tiny run of ``tiny_run_config`` (tests/train/conftest.py), without evaluations."""
+    return {**tiny_run_config, "probe_contexts": 1,
+            "evaluation": None}  # the kills are about training and its checkpoints
 
 
 def write_config(base: dict, tmp_path: Path, **changes) -> tuple[Path, Path]:

@@ -2,7 +2,6 @@
 games with tiny models: the update turns (train-inference mismatch near zero, the weight version advancing in the
 engine, nothing thrown away), checkpoints are written, and ``--resume`` continues the same series."""
 
-import asyncio
 import json
 import os
 import subprocess
@@ -11,35 +10,13 @@ import sys
 import pytest
 import yaml
 
-from actfirst.config import ALFWorldConfig, ModelConfig
-from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.workers import EnvPool
-from actfirst.models.factory import build_model
-from actfirst.references import build_references
-
 
 @pytest.fixture(scope="module")
-def run_config(alfworld_games, tiny_model_dir, tmp_path_factory):
+def run_config(tiny_run_config, tmp_path_factory):
     root = tmp_path_factory.mktemp("loop")
-    games = alfworld_games[0].game_file.rsplit("/train/", 1)[0]
-    env = {"generated_dir": games, "games_per_type": 1, "max_turns": 3}
-    benchmark = get_benchmark("alfworld", ALFWorldConfig(**env))
-    tasks = benchmark.tasks("train")
-    with EnvPool(benchmark.env_spec(), size=2) as pool:
-        asyncio.run(build_references(benchmark, tasks, pool, out=root / "refs.jsonl"))
-    teacher = build_model(ModelConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
-                                      num_key_value_heads=1, head_dim=32, intermediate_size=128, seed=7),
-                          root / "teacher")
-    cfg = {
-        "benchmark": "alfworld", "alfworld": env, "teacher": str(teacher), "references": str(root / "refs.jsonl"),
-        "student": {"model": str(tiny_model_dir), "dtype": "float32", "max_model_len": 2048, "max_num_seqs": 16,
-                    "max_num_batched_tokens": 4096, "kv_cache_gib": 1},
-        "scheduler": {"b_max": 16},
-        "rollout": {"strategy": "actfirst", "batch_tasks": 3, "max_prompt_tokens": 2000,
-                    "budget": {"first_stage": 12, "total": 16, "second_stage": 4, "fast_action_tokens": 6}},
-        "optim": {"lr": 1e-3}, "num_updates": 2, "batch_samples": 4, "micro_batch_tokens": 4096,
-        "probe_contexts": 2, "checkpoint_every": 1, "out_dir": str(root / "run"),
-    }
+    cfg = {**tiny_run_config, "num_updates": 2, "probe_contexts": 2, "checkpoint_every": 1,
+           "out_dir": str(root / "run")}
+    cfg["rollout"] = {**cfg["rollout"], "batch_tasks": 3}  # the shared config is not changed
     path = root / "train.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, root / "run"
