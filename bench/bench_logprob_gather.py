@@ -156,6 +156,13 @@ def main() -> None:
     ceiling = matmul_ceiling(args.device, getattr(torch, args.dtype))
     print(f"matmul ceiling on this machine: {ceiling:.2f} TFLOP/s ({args.dtype}, {args.device})", flush=True)
     rows = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every cell: a run stopped by a timeout keeps what it measured
+        out.write_text(json.dumps({"device": args.device, "dtype": args.dtype, "matmul_tflops": ceiling,
+                                   "rows": rows}, indent=2))
+
     for model in models:
         for n in tokens:
             for mode in args.modes:
@@ -171,13 +178,11 @@ def main() -> None:
                     row = json.loads(proc.stdout.strip().splitlines()[-1])
                     row.update(model=model, pct_of_matmul=100 * row["tflops"] / ceiling)
                     rows.append(row)
+                    save()
                     print(f"  {model:4s} N={n:6d} {mode:7s} {provider:8s} {row['ms']:9.1f} ms "
                           f"{row['peak_mib']:9.1f} MiB {row['tflops']:7.3f} TFLOP/s ({row['pct_of_matmul']:.0f}% "
                           f"of matmul)", flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": args.device, "dtype": args.dtype, "matmul_tflops": ceiling, "rows": rows},
-                              indent=2))
+    save()
     print("| model | N | mode | provider | ms | peak MiB | TFLOP/s | % of matmul |\n|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['n']} | {r['mode']} | {r['provider']} | {r['ms']:.1f} | {r['peak_mib']:.0f} | "

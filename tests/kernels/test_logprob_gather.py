@@ -112,7 +112,7 @@ def test_dispatcher_splits_the_vocabulary_when_rows_cannot_fill_the_gpu(monkeypa
     ref, ref_ent = logprob_gather_reference(h64, w64, targets, 0.9)
     torch.testing.assert_close(logp.double(), ref.detach(), atol=1e-4, rtol=0)
     torch.testing.assert_close(ent.double(), ref_ent, atol=2e-4, rtol=0)
-    upstream = torch.randn(20, generator=gen, dtype=torch.float64)
+    upstream = torch.randn(20, generator=gen, dtype=torch.float64).to(DEVICE)
     (logp.double() * upstream).sum().backward()
     (ref * upstream).sum().backward()
     torch.testing.assert_close(hid.grad.double(), h64.grad, atol=1e-4 * h64.grad.abs().max().item(), rtol=1e-4)

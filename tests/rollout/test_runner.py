@@ -3,6 +3,7 @@ random student: what each strategy executes, the NAP fallback, the invalid-propo
 full responses never block a transition."""
 
 import asyncio
+import time
 
 import pytest
 
@@ -122,21 +123,90 @@ def test_actfirst_fast_actions_fallback_and_invalid_proposal(engine, tiny_model_
     assert len(fast) == sum(1 + (r.proposal is not None) for e in batch.episodes for r in e.turns)
 
 
+class HeldFullResponseRunner(RolloutRunner):
+    """Fault injection: every full response, once generated, is held back until ``release`` is set, as if the
+    student's reasoning took forever."""
+
+    def __init__(self, release: asyncio.Event, **kwargs):
+        super().__init__(**kwargs)
+        self.release = release
+
+    async def full_response(self, prompt_ids: list[int], seed: int):
+        response, _ = await super().full_response(prompt_ids, seed)
+        await self.release.wait()
+        return response, time.perf_counter()
+
+
+def run_with_held_full_responses(engine, tiny_model_dir, setup, strategy, patience_s):
+    """Run a batch whose full responses are held until every episode has stopped stepping (its transition
+    finished the episode or reached the turn limit), or until ``patience_s`` passed; returns the batch, the release
+    time and the number of steps taken while the full responses were held."""
+    benchmark, tasks, refs = setup
+    engine.reconfigure(SchedulerConfig(b_max=8))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = RolloutConfig(strategy=strategy, batch_tasks=len(tasks), max_prompt_tokens=2000, budget=BUDGET)
+    strat = make_strategy(strategy)
+
+    async def go():
+        release = asyncio.Event()
+        steps = [0] * len(tasks)
+        stepping = [True] * len(tasks)
+        all_done = asyncio.Event()
+        with EnvPool(benchmark.env_spec(), size=len(tasks)) as pool:
+            for slot, worker in enumerate(pool.workers):
+                def counted(action, slot=slot, astep=worker.astep):
+                    async def step():
+                        nxt = await astep(action)
+                        steps[slot] += 1
+                        if nxt.finished or steps[slot] == benchmark.max_turns:
+                            stepping[slot] = False
+                            if not any(stepping):
+                                all_done.set()
+                        return nxt
+                    return step()
+                worker.astep = counted
+            runner = HeldFullResponseRunner(release, engine=engine, tokenizer=tokenizer, benchmark=benchmark,
+                                            pool=pool, strategy=strat, cfg=cfg, references=None, seed=3)
+            batch = asyncio.ensure_future(runner.run_batch(tasks, batch_index=0))
+            try:
+                await asyncio.wait_for(all_done.wait(), patience_s)
+            except asyncio.TimeoutError:
+                pass
+            held_steps = sum(steps)
+            released_at = time.perf_counter()
+            release.set()
+            return await batch, released_at, held_steps
+
+    return asyncio.run(go())
+
+
 def test_no_full_response_blocks_a_transition(engine, tiny_model_dir, alfworld):
-    batch, _ = run(engine, tiny_model_dir, alfworld, "no_id")
-    overtaken = 0
+    """With every full response held back, the no-ID strategy still plays each episode to its end."""
+    batch, released_at, held_steps = run_with_held_full_responses(engine, tiny_model_dir, alfworld, "no_id",
+                                                                  patience_s=120)
+    check_common(batch, alfworld[0])
+    assert held_steps == sum(e.num_turns for e in batch.episodes) > len(batch.episodes)
     for episode in batch.episodes:
-        for record in episode.turns[1:]:
-            # The step of turn t started before the full response of turn t - 1 finished: nothing waited for it.
-            overtaken += record.step_started < episode.full_response_done[record.turn - 1]
         assert all(r.source == ActionSource.NEXT_ACTION and r.check is None for r in episode.turns)
+        assert all(r.step_started < released_at for r in episode.turns)
+        # Each full response was held past every later step of its episode.
+        assert all(episode.full_response_done[t] > r.step_started for t in range(episode.num_turns)
+                   for r in episode.turns[t + 1:])
         assert not episode.guided
-    assert overtaken > 0
     # Fast actions were admitted first: no fast action waited behind a full response's admission.
     fast = [r for r in engine.records if r.kind.name == "FAST_ACTION"]
     full = [r for r in engine.records if r.kind.name == "FULL_RESPONSE"]
     assert fast and full
     assert not any(f.arrival_seq < seq < f.admit_seqs[0] for x in full for seq in x.admit_seqs for f in fast)
+
+
+def test_held_full_responses_stop_vanilla(engine, tiny_model_dir, alfworld):
+    """The control: vanilla executes the full response's action, so while full responses are held nothing steps."""
+    batch, released_at, held_steps = run_with_held_full_responses(engine, tiny_model_dir, alfworld, "vanilla",
+                                                                  patience_s=3)
+    assert held_steps == 0
+    check_common(batch, alfworld[0])
+    assert all(r.step_started > released_at for e in batch.episodes for r in e.turns)
 
 
 def test_vanilla_executes_the_full_response_action(engine, tiny_model_dir, alfworld):
