@@ -91,6 +91,17 @@ def wilson_interval(successes: int, n: int, z: float = WILSON_Z) -> tuple[float,
     return (0.0 if successes == 0 else max(0.0, center - half)), (1.0 if successes == n else min(1.0, center + half))
 
 
+def difference_interval(successes_a: int, n_a: int, successes_b: int, n_b: int,
+                        z: float = WILSON_Z) -> tuple[float, float, float]:
+    """The difference p_b - p_a of two binomial proportions with its confidence interval (Newcombe's hybrid score
+    interval from the two Wilson intervals), as proportions: (difference, low, high)."""
+    p_a, p_b = successes_a / n_a, successes_b / n_b
+    lo_a, hi_a = wilson_interval(successes_a, n_a, z)
+    lo_b, hi_b = wilson_interval(successes_b, n_b, z)
+    d = p_b - p_a
+    return d, d - math.sqrt((p_b - lo_b) ** 2 + (hi_a - p_a) ** 2), d + math.sqrt((hi_b - p_b) ** 2 + (p_a - lo_a) ** 2)
+
+
 def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
     """Eq. 33 over ``records``: SR (percent), Score, Round, and the episode count n."""
     n = len(records)

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from actfirst.config import ConfigError, TrainConfig
+from actfirst.eval_report import difference_interval
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo" / "scienceworld_lifespan.yaml"
 """The CPU demo's config (used when ``--config`` is not given)."""
@@ -60,11 +61,22 @@ def main(argv: list[str] | None = None) -> int:
                "train_wall_s": result.wall_s, "eval_wall_s": sum(e["eval_wall_s"] for e in evals),
                "total_s": time.perf_counter() - started, "teacher": teacher_summary(cfg.teacher),
                "evals": [{"update": e["update"], "elapsed_s": e["elapsed_s"], **e["summary"]} for e in evals],
-               "probe_gaps": result.probe_gaps, "transitions": result.num_transitions,
-               "weight_version": result.weight_version}
+               "sr_change": sr_change(evals), "probe_gaps": result.probe_gaps,
+               "transitions": result.num_transitions, "weight_version": result.weight_version}
     (out / "run_summary.json").write_text(json.dumps(summary, indent=1))
     print(_final_message(cfg, summary), flush=True)
     return 0
+
+
+def sr_change(evals: list[dict]) -> dict | None:
+    """The student's SR change from the first evaluation to the last, in points, with its 95% CI (Newcombe);
+    ``beyond_noise`` when the interval excludes zero."""
+    if len(evals) < 2:
+        return None
+    first, last = evals[0]["summary"], evals[-1]["summary"]
+    d, lo, hi = difference_interval(first["successes"], first["episodes"], last["successes"], last["episodes"])
+    return {"from_update": evals[0]["update"], "to_update": evals[-1]["update"], "points": 100 * d,
+            "ci95": [100 * lo, 100 * hi], "beyond_noise": lo > 0 or hi < 0}
 
 
 def _final_message(cfg: TrainConfig, summary: dict) -> str:
@@ -81,6 +93,12 @@ def _final_message(cfg: TrainConfig, summary: dict) -> str:
         lo, hi = e["SR_ci95_pooled"]
         lines.append(f"  student SR at update {e['update']:>3}: {e['SR']['mean']:.1f}% ± {e['SR']['sd']:.1f} "
                      f"(95% CI [{lo:.1f}, {hi:.1f}], {e['episodes']} episodes)")
+    change = summary["sr_change"]
+    if change is not None:
+        lo, hi = change["ci95"]
+        verdict = "beyond the evaluation noise" if change["beyond_noise"] else "within the evaluation noise"
+        lines.append(f"  SR change, update {change['from_update']} -> {change['to_update']}: {change['points']:+.1f} "
+                     f"points (95% CI [{lo:+.1f}, {hi:+.1f}]): {verdict}")
     gaps = [g for g in summary["probe_gaps"] if g is not None]
     if gaps:
         lines.append(f"  teacher-minus-student gap (probe): {gaps[0]:+.3f} -> {gaps[-1]:+.3f} nat/token")

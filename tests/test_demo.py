@@ -52,11 +52,10 @@ def test_demo_prepares_trains_evaluates(demo_run):
     assert len(refs) == 4 and all(r["source"] == "gold" for r in refs)
     teacher_sft = json.loads((root / "teacher" / "actfirst_sft.json").read_text())
     student_sft = json.loads((root / "student" / "actfirst_sft.json").read_text())
-    assert teacher_sft["sft"]["modes"] == ["full_response"]
-    assert student_sft["sft"]["modes"] == ["full_response", "next_action", "inverse_dynamics"]
-    assert student_sft["examples"] == 3 * student_sft["steps"]  # one example per step and mode
+    for sft in (teacher_sft, student_sft):
+        assert sft["sft"]["modes"] == ["full_response", "next_action", "inverse_dynamics"]
+        assert sft["examples"] == 3 * sft["steps"] > 0  # one example per step and mode
     assert student_sft["steps"] == teacher_sft["steps"]  # 4 training tasks: fewer than the warm start's 12
-    assert teacher_sft["examples"] == teacher_sft["steps"] > 0
     teacher_eval = json.loads((root / "teacher" / "actfirst_eval.json").read_text())
     assert teacher_eval["summary"]["overall"]["episodes"] == 2  # 2 held-out variations x 1 type x 1 seed
     # the student and the teacher share the teacher's tokenizer (the scorer refuses anything else)
@@ -76,7 +75,14 @@ def test_demo_prepares_trains_evaluates(demo_run):
     assert summary["train_wall_s"] + summary["eval_wall_s"] <= summary["total_s"] - summary["prepare_s"] + 1.0
     assert [e["update"] for e in summary["evals"]] == [0, 1, 2]
     assert summary["teacher"]["episodes"] == 2
-    for where in ("metrics.jsonl", "training_curve.png", "checkpoints", "teacher SR", "student SR at update"):
+    change = summary["sr_change"]  # update 0 -> 2, from the two evaluations' successes
+    first, last = summary["evals"][0], summary["evals"][-1]
+    assert (change["from_update"], change["to_update"]) == (0, 2)
+    assert change["points"] == pytest.approx(last["SR"]["mean"] - first["SR"]["mean"])
+    lo, hi = change["ci95"]
+    assert lo <= change["points"] <= hi and change["beyond_noise"] == (lo > 0 or hi < 0)
+    for where in ("metrics.jsonl", "training_curve.png", "checkpoints", "teacher SR", "student SR at update",
+                  "SR change, update 0 -> 2"):
         assert where in stdout
 
 

@@ -19,7 +19,7 @@ from actfirst.config import ALFWorldConfig, RolloutConfig, SchedulerConfig, Thin
 from actfirst.envs.alfworld_env import ALFWorldTask
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.eval import EVAL_SEEDS, engine_max_model_len, episode_seed, eval_rollout_config, evaluate, pick_tasks
-from actfirst.eval_report import EpisodeRecord, EvalReport, mean_sd, wilson_interval
+from actfirst.eval_report import EpisodeRecord, EvalReport, difference_interval, mean_sd, wilson_interval
 
 MAX_TURNS = 2
 # Training budget 8/12 tokens, evaluation budget 24/32: an evaluation response can exceed the training total.
@@ -241,3 +241,15 @@ def test_cli_on_the_tiny_model(tmp_path, tiny_model_dir, alfworld_games):
     bad = subprocess.run(cmd[:-2] + ["engine.max_model_len=512"], capture_output=True, text=True, timeout=120,
                          env=env, cwd=Path(__file__).parents[1])
     assert bad.returncode == 2 and "exceeds engine.max_model_len=512" in bad.stderr
+
+
+def test_difference_interval_matches_newcombe():
+    """Newcombe (1998), method 10, examples (a)-(c): 56/70 - 48/80, 9/10 - 3/10, 5/56 - 0/29."""
+    d, lo, hi = difference_interval(48, 80, 56, 70)
+    assert (round(d, 4), round(lo, 4), round(hi, 4)) == (0.2, 0.0524, 0.3339)
+    d, lo, hi = difference_interval(3, 10, 9, 10)
+    assert (round(lo, 4), round(hi, 4)) == (0.1705, 0.8090)
+    d, lo, hi = difference_interval(0, 29, 5, 56)
+    assert (round(lo, 4), round(hi, 4)) == (-0.0381, 0.1926)
+    # Swapping the two proportions mirrors the interval.
+    assert difference_interval(56, 70, 48, 80) == pytest.approx((-0.2, -0.3339, -0.0524), abs=1e-4)
