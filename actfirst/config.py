@@ -390,8 +390,9 @@ class SFTConfig:
 @dataclasses.dataclass(kw_only=True, slots=True)
 class BuildModelsConfig:
     """Models ``actfirst.prepare`` makes when ``teacher`` / ``student.model`` do not exist (the CPU demo): a small
-    BPE trained on the task set's own text, a teacher trained by SFT on the references' full responses and
-    evaluated, and a smaller student warm-started by a short SFT on all three prompt modes."""
+    BPE trained on the task set's own text, a teacher trained by SFT on the reference steps in the prompt modes
+    of ``teacher_sft.modes`` and evaluated, and a smaller student warm-started by a short SFT in
+    ``student_sft.modes``."""
 
     tokenizer_vocab_size: int = 2048
     teacher: ModelConfig

@@ -93,8 +93,12 @@ def wilson_interval(successes: int, n: int, z: float = WILSON_Z) -> tuple[float,
 
 def difference_interval(successes_a: int, n_a: int, successes_b: int, n_b: int,
                         z: float = WILSON_Z) -> tuple[float, float, float]:
-    """The difference p_b - p_a of two binomial proportions with its confidence interval (Newcombe's hybrid score
-    interval from the two Wilson intervals), as proportions: (difference, low, high)."""
+    """The difference p_b - p_a of two independent binomial proportions with its confidence interval (Newcombe's
+    hybrid score interval from the two Wilson intervals), as proportions: (difference, low, high); NaNs when either
+    sample is empty. For two evaluations of one student on the same tasks and seeds the samples are paired and
+    positively correlated, so this interval is conservative there."""
+    if n_a == 0 or n_b == 0:
+        return math.nan, math.nan, math.nan
     p_a, p_b = successes_a / n_a, successes_b / n_b
     lo_a, hi_a = wilson_interval(successes_a, n_a, z)
     lo_b, hi_b = wilson_interval(successes_b, n_b, z)

@@ -8,7 +8,7 @@
   task, played on the same in-process vLLM engine the student uses (cached beside the references as
   ``<references>.teacher.jsonl``).
 - With ``prepare.build_models`` (the CPU demo, where no weights can be downloaded): a small BPE trained on the
-  task set's own prompts, a teacher trained by SFT on the references' think-then-act responses and evaluated
+  task set's own prompts, a teacher trained by SFT on the reference steps (its ``teacher_sft.modes``) and evaluated
   (``<teacher>/actfirst_eval.json``: its SR is the demo's target), and a smaller student warm-started by a short
   SFT on all three prompt modes (``actfirst.train.sft``). The teacher's rollouts would need the teacher, which needs
   the references: a built teacher plays none.

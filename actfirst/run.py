@@ -69,11 +69,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def sr_change(evals: list[dict]) -> dict | None:
-    """The student's SR change from the first evaluation to the last, in points, with its 95% CI (Newcombe);
-    ``beyond_noise`` when the interval excludes zero."""
+    """The student's SR change from the first evaluation to the last, in points, with its 95% CI (Newcombe's, for
+    independent samples: conservative for these paired ones); ``beyond_noise`` when the interval excludes zero."""
     if len(evals) < 2:
         return None
     first, last = evals[0]["summary"], evals[-1]["summary"]
+    if first["episodes"] == 0 or last["episodes"] == 0:
+        return None
     d, lo, hi = difference_interval(first["successes"], first["episodes"], last["successes"], last["episodes"])
     return {"from_update": evals[0]["update"], "to_update": evals[-1]["update"], "points": 100 * d,
             "ci95": [100 * lo, 100 * hi], "beyond_noise": lo > 0 or hi < 0}

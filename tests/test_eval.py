@@ -251,5 +251,6 @@ def test_difference_interval_matches_newcombe():
     assert (round(lo, 4), round(hi, 4)) == (0.1705, 0.8090)
     d, lo, hi = difference_interval(0, 29, 5, 56)
     assert (round(lo, 4), round(hi, 4)) == (-0.0381, 0.1926)
+    assert all(math.isnan(x) for x in difference_interval(0, 0, 3, 10))
     # Swapping the two proportions mirrors the interval.
     assert difference_interval(56, 70, 48, 80) == pytest.approx((-0.2, -0.3339, -0.0524), abs=1e-4)

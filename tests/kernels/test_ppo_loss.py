@@ -45,17 +45,17 @@ def compare(backend, logp, logp_old, logp_t, mask, sample_idx, num_samples, dtyp
     torch.testing.assert_close(loss.double(), ref.detach(), atol=1e-5, rtol=1e-5)
     # The gradient is returned in logp's dtype, so it carries that dtype's rounding.
     grad_rtol = {torch.float32: 1e-5, torch.bfloat16: 8e-3, torch.float16: 1e-3}[dtype]
-    flips = 0.0
+    flips = 0.0  # the clip fraction may differ by the tie tokens whose branch (and so gradient) can go either way
     if ties is not None:
         below, above = reference(-1e-6)[3], reference(1e-6)[3]  # past float32 rounding of the ratio
         got = x.grad.double()[ties]
         one_sided = [torch.isclose(got, side[ties], atol=1e-6, rtol=grad_rtol) for side in (below, above)]
         assert torch.all(one_sided[0] | one_sided[1]), f"ties: gradient {got}, one-sided {below[ties]}, {above[ties]}"
         grad = torch.where(ties, x.grad.double(), grad)
-        flips = ties.sum().item() / ties.numel()
+        flips = (ties & ~torch.isclose(below, above, atol=1e-6, rtol=grad_rtol)).sum().item() / ties.numel()
     torch.testing.assert_close(x.grad.double(), grad, atol=1e-6, rtol=grad_rtol)
     torch.testing.assert_close(clip_frac.double(), ref_clip.double(), atol=1e-6 + flips, rtol=0)
-    torch.testing.assert_close(dual_frac.double(), ref_dual.double(), atol=1e-6 + flips, rtol=0)
+    torch.testing.assert_close(dual_frac.double(), ref_dual.double(), atol=1e-6, rtol=0)
     return ref_clip.item(), ref_dual.item()
 
 
