@@ -28,7 +28,7 @@ import json
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +70,37 @@ def engine_max_model_len(engine: Any) -> int | None:
         return int(engine.vllm.engine.model_config.max_model_len)
     except (AttributeError, TypeError, ValueError):
         return None
+
+
+def check_fits(engine: Any, cfg: RolloutConfig, budget_key: str) -> None:
+    """Raise when a prompt plus the thinking budget (``cfg.budget.total``, named ``budget_key`` in the message) does
+    not fit the engine's max_model_len."""
+    limit = engine_max_model_len(engine)
+    need = cfg.max_prompt_tokens + cfg.budget.total
+    if limit is not None and need > limit:
+        raise ValueError(f"rollout.max_prompt_tokens={cfg.max_prompt_tokens} + {budget_key}={cfg.budget.total} = "
+                         f"{need} exceeds the engine's max_model_len={limit}")
+
+
+def seed_stride(benchmark: Benchmark, cfg: RolloutConfig) -> int:
+    """Distance between two episodes' base seeds: above the runner's largest per-turn seed offset."""
+    return 2 * benchmark.max_turns + cfg.budget.total + 2
+
+
+async def play_jobs(workers: Sequence[Any], jobs: deque, play: Callable[[Any, Any], Awaitable[None]]) -> None:
+    """Keep every worker busy: each takes the next job and awaits ``play(worker, job)`` until no job is left. An
+    unexpected error stops the other workers too and is raised as itself."""
+
+    async def slot(worker) -> None:
+        while jobs:
+            await play(worker, jobs.popleft())
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for worker in workers:
+                group.create_task(slot(worker))
+    except BaseExceptionGroup as group_error:
+        raise group_error.exceptions[0]
 
 
 def order_rows(benchmark: Benchmark, types: Sequence[str]) -> list[str]:
@@ -120,12 +151,8 @@ async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any]
     if len(tasks) > MAX_TASKS:
         raise ValueError(f"{len(tasks)} tasks: at most {MAX_TASKS}")
     cfg = eval_rollout_config(rollout, max_in_flight)
-    limit = engine_max_model_len(engine)
-    need = cfg.max_prompt_tokens + cfg.budget.total
-    if limit is not None and need > limit:
-        raise ValueError(f"rollout.max_prompt_tokens={cfg.max_prompt_tokens} + rollout.budget.eval_total="
-                         f"{cfg.budget.total} = {need} exceeds the engine's max_model_len={limit}")
-    stride = 2 * benchmark.max_turns + cfg.budget.total + 2
+    check_fits(engine, cfg, "rollout.budget.eval_total")
+    stride = seed_stride(benchmark, cfg)
     jobs = deque((seed, index) for seed in seeds for index in range(len(tasks)))
     total, records = len(jobs), []
     every = max(1, total // 20)
@@ -138,34 +165,27 @@ async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any]
         runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=env_pool,
                                strategy=make_strategy("vanilla"), cfg=cfg, references=None)
 
-        async def slot(worker) -> None:
-            while jobs:
-                seed, index = jobs.popleft()
-                episode = await runner.run_episode(tasks[index], worker,
-                                                   seed=episode_seed(seed, index, stride))
-                records.append(EpisodeRecord(
-                    seed=seed, index=index, task=episode.task, task_type=episode.task_type,
-                    success=episode.won and episode.failure is None, score=float(episode.score),
-                    turns=episode.num_turns, invalid_turns=sum(not t.valid for t in episode.turns),
-                    actions=[t.action for t in episode.turns],
-                    response_tokens=[len(r.token_ids) for r in episode.full_responses],
-                    response_hashes=[response_hash(r.token_ids) for r in episode.full_responses],
-                    truncated_responses=sum(r.truncated for r in episode.full_responses), failure=episode.failure))
-                if episode.failure is not None:
-                    print(f"[eval] seed {seed} task {episode.task}: episode failed ({episode.failure})",
-                          file=sys.stderr, flush=True)
-                if progress and (len(records) % every == 0 or len(records) == total):
-                    wall = time.perf_counter() - started
-                    wins = sum(r.success for r in records)
-                    print(f"[eval {benchmark.name}] {len(records)}/{total} episodes, SR so far "
-                          f"{100 * wins / len(records):.1f}, {len(records) / wall:.2f} episodes/s", flush=True)
+        async def play(worker, job: tuple[int, int]) -> None:
+            seed, index = job
+            episode = await runner.run_episode(tasks[index], worker, seed=episode_seed(seed, index, stride))
+            records.append(EpisodeRecord(
+                seed=seed, index=index, task=episode.task, task_type=episode.task_type,
+                success=episode.won and episode.failure is None, score=float(episode.score),
+                turns=episode.num_turns, invalid_turns=sum(not t.valid for t in episode.turns),
+                actions=[t.action for t in episode.turns],
+                response_tokens=[len(r.token_ids) for r in episode.full_responses],
+                response_hashes=[response_hash(r.token_ids) for r in episode.full_responses],
+                truncated_responses=sum(r.truncated for r in episode.full_responses), failure=episode.failure))
+            if episode.failure is not None:
+                print(f"[eval] seed {seed} task {episode.task}: episode failed ({episode.failure})",
+                      file=sys.stderr, flush=True)
+            if progress and (len(records) % every == 0 or len(records) == total):
+                wall = time.perf_counter() - started
+                wins = sum(r.success for r in records)
+                print(f"[eval {benchmark.name}] {len(records)}/{total} episodes, SR so far "
+                      f"{100 * wins / len(records):.1f}, {len(records) / wall:.2f} episodes/s", flush=True)
 
-        try:
-            async with asyncio.TaskGroup() as group:  # an unexpected error stops the other slots too
-                for worker in workers:
-                    group.create_task(slot(worker))
-        except BaseExceptionGroup as group_error:
-            raise group_error.exceptions[0]
+        await play_jobs(workers, jobs, play)
 
     wall = time.perf_counter() - started
     order = {s: i for i, s in enumerate(seeds)}

@@ -34,7 +34,7 @@ from typing import Any
 
 from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig
 from actfirst.envs.benchmarks import Benchmark
-from actfirst.eval import MAX_TASKS, engine_max_model_len, episode_seed, pick_tasks, serving_configs
+from actfirst.eval import MAX_TASKS, check_fits, episode_seed, pick_tasks, play_jobs, seed_stride, serving_configs
 from actfirst.references import _write_atomically
 
 MAX_REPEATS = 1 << 10
@@ -79,12 +79,8 @@ async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Seq
     if not tasks:
         return {}
     cfg = teacher_rollout_config(rollout, max_in_flight)
-    limit = engine_max_model_len(engine)
-    need = cfg.max_prompt_tokens + cfg.budget.total
-    if limit is not None and need > limit:
-        raise ValueError(f"rollout.max_prompt_tokens={cfg.max_prompt_tokens} + rollout.budget.total="
-                         f"{cfg.budget.total} = {need} exceeds the engine's max_model_len={limit}")
-    stride = 2 * benchmark.max_turns + cfg.budget.total + 2  # as eval: above the runner's largest seed offset
+    check_fits(engine, cfg, "rollout.budget.total")
+    stride = seed_stride(benchmark, cfg)
     # Task-major: a task's repeats run side by side and share their first prompt in the prefix cache.
     jobs = deque((index, repeat) for index in range(len(tasks)) for repeat in range(per_task))
     total, finished, failures = len(jobs), 0, 0
@@ -96,30 +92,23 @@ async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Seq
         runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool,
                                strategy=make_strategy("vanilla"), cfg=cfg, references=None)
 
-        async def slot(worker) -> None:
+        async def play(worker, job: tuple[int, int]) -> None:
             nonlocal finished, failures
-            while jobs:
-                index, repeat = jobs.popleft()
-                episode = await runner.run_episode(tasks[index], worker,
-                                                   seed=rollout_seed(seed, index, repeat, stride))
-                finished += 1
-                if episode.failure is not None:
-                    failures += 1
-                    print(f"[teacher] task {episode.task} repeat {repeat}: episode failed ({episode.failure})",
-                          file=sys.stderr, flush=True)
-                elif episode.won:
-                    wins[index, repeat] = [t.action for t in episode.turns]
-                if progress and (finished % every == 0 or finished == total):
-                    wall = time.perf_counter() - started
-                    print(f"[teacher {benchmark.name}] {finished}/{total} episodes, {len(wins)} successful, "
-                          f"{failures} failed, {finished / wall:.2f} episodes/s", flush=True)
+            index, repeat = job
+            episode = await runner.run_episode(tasks[index], worker, seed=rollout_seed(seed, index, repeat, stride))
+            finished += 1
+            if episode.failure is not None:
+                failures += 1
+                print(f"[teacher] task {episode.task} repeat {repeat}: episode failed ({episode.failure})",
+                      file=sys.stderr, flush=True)
+            elif episode.won:
+                wins[index, repeat] = [t.action for t in episode.turns]
+            if progress and (finished % every == 0 or finished == total):
+                wall = time.perf_counter() - started
+                print(f"[teacher {benchmark.name}] {finished}/{total} episodes, {len(wins)} successful, "
+                      f"{failures} failed, {finished / wall:.2f} episodes/s", flush=True)
 
-        try:
-            async with asyncio.TaskGroup() as group:  # an unexpected error stops the other slots too
-                for worker in pool.workers:
-                    group.create_task(slot(worker))
-        except BaseExceptionGroup as group_error:
-            raise group_error.exceptions[0]
+        await play_jobs(pool.workers, jobs, play)
 
     out: dict[str, list[list[str]]] = {}
     for index, key in enumerate(keys):

@@ -58,7 +58,8 @@ def scienceworld():
                                                                           if not a.startswith("open door")])
 
 
-def run(engine, tiny_model_dir, setup, strategy, budget=BUDGET):
+def run(engine, tiny_model_dir, setup, strategy, budget=BUDGET, play=None):
+    """One rollout batch of ``setup``'s tasks; ``play(pool, runner_kwargs)``, when given, runs it instead."""
     benchmark, tasks, refs = setup
     engine.reconfigure(SchedulerConfig(b_max=8))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -67,9 +68,11 @@ def run(engine, tiny_model_dir, setup, strategy, budget=BUDGET):
 
     async def go():
         with EnvPool(benchmark.env_spec(), size=len(tasks)) as pool:
-            runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool, strategy=strat,
-                                   cfg=cfg, references=refs if strat.uses_references else None, seed=3)
-            return await runner.run_batch(tasks, batch_index=0)
+            kwargs = dict(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool, strategy=strat, cfg=cfg,
+                          references=refs if strat.uses_references else None, seed=3)
+            if play is not None:
+                return await play(pool, kwargs)
+            return await RolloutRunner(**kwargs).run_batch(tasks, batch_index=0)
 
     return asyncio.run(go()), refs
 
@@ -141,42 +144,36 @@ def run_with_held_full_responses(engine, tiny_model_dir, setup, strategy, patien
     """Run a batch whose full responses are held until every episode has stopped stepping (its transition
     finished the episode or reached the turn limit), or until ``patience_s`` passed; returns the batch, the release
     time and the number of steps taken while the full responses were held."""
-    benchmark, tasks, refs = setup
-    engine.reconfigure(SchedulerConfig(b_max=8))
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = RolloutConfig(strategy=strategy, batch_tasks=len(tasks), max_prompt_tokens=2000, budget=BUDGET)
-    strat = make_strategy(strategy)
+    benchmark, tasks, _ = setup
 
-    async def go():
+    async def play(pool, runner_kwargs):
         release = asyncio.Event()
         steps = [0] * len(tasks)
         stepping = [True] * len(tasks)
         all_done = asyncio.Event()
-        with EnvPool(benchmark.env_spec(), size=len(tasks)) as pool:
-            for slot, worker in enumerate(pool.workers):
-                def counted(action, slot=slot, astep=worker.astep):
-                    async def step():
-                        nxt = await astep(action)
-                        steps[slot] += 1
-                        if nxt.finished or steps[slot] == benchmark.max_turns:
-                            stepping[slot] = False
-                            if not any(stepping):
-                                all_done.set()
-                        return nxt
-                    return step()
-                worker.astep = counted
-            runner = HeldFullResponseRunner(release, engine=engine, tokenizer=tokenizer, benchmark=benchmark,
-                                            pool=pool, strategy=strat, cfg=cfg, references=None, seed=3)
-            batch = asyncio.ensure_future(runner.run_batch(tasks, batch_index=0))
-            # Until every episode stopped stepping, the patience ran out, or the batch failed (raised below).
-            await asyncio.wait({batch, asyncio.ensure_future(all_done.wait())}, timeout=patience_s,
-                               return_when=asyncio.FIRST_COMPLETED)
-            held_steps = sum(steps)
-            released_at = time.perf_counter()
-            release.set()
-            return await batch, released_at, held_steps
+        for slot, worker in enumerate(pool.workers):
+            def counted(action, slot=slot, astep=worker.astep):
+                async def step():
+                    nxt = await astep(action)
+                    steps[slot] += 1
+                    if nxt.finished or steps[slot] == benchmark.max_turns:
+                        stepping[slot] = False
+                        if not any(stepping):
+                            all_done.set()
+                    return nxt
+                return step()
+            worker.astep = counted
+        runner = HeldFullResponseRunner(release, **runner_kwargs)
+        batch = asyncio.ensure_future(runner.run_batch(tasks, batch_index=0))
+        # Until every episode stopped stepping, the patience ran out, or the batch failed (raised below).
+        await asyncio.wait({batch, asyncio.ensure_future(all_done.wait())}, timeout=patience_s,
+                           return_when=asyncio.FIRST_COMPLETED)
+        held_steps = sum(steps)
+        released_at = time.perf_counter()
+        release.set()
+        return await batch, released_at, held_steps
 
-    return asyncio.run(go())
+    return run(engine, tiny_model_dir, setup, strategy, play=play)[0]
 
 
 def test_no_full_response_blocks_a_transition(engine, tiny_model_dir, alfworld):
