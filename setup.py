@@ -49,7 +49,7 @@ def native_extensions():
     return [ext], {"build_ext": Build.with_options(use_ninja=True)}
 
 
-subpackages = ("engine", "envs", "models", "rollout", "train")
+subpackages = ("engine", "envs", "models", "parallel", "rollout", "train")
 packages = ["actfirst"] + [f"actfirst.{p}" for p in subpackages] + ["actfirst.kernels"]
 ext_modules, cmdclass = native_extensions()
 setup(packages=packages, ext_modules=ext_modules, cmdclass=cmdclass)

@@ -142,9 +142,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Load and prepare every strategy's config, train each run, write and print the comparison."""
     args = parse_args(argv)
-    from actfirst.prepare import ensure_prepared, teacher_summary
+    from actfirst.eval_report import teacher_summary
+    from actfirst.prepare import ensure_prepared
     from actfirst.run import load_run_config
-    from actfirst.train.loop import train
+    from actfirst.train.trainer import train
 
     out = Path(args.out)
     try:  # every config first: a bad one is refused before hours of training

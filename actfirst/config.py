@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -18,6 +19,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+
+
+DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo" / "scienceworld_lifespan.yaml"
+"""The CPU demo's config (``python -m actfirst.run`` with no ``--config``)."""
 
 
 class ConfigError(ValueError):
@@ -94,9 +99,14 @@ class EngineConfig:
     """GPU only: fraction of GPU memory vLLM may take (the trainer shares the GPU)."""
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
+    sleep_level: Literal[0, 1, 2] = 0
+    """GPU only: free the engine's memory while the trainer updates (vLLM's sleep mode; needs ``overlap: false``).
+    1: the weights go to CPU memory and the KV cache is dropped; 2: both are dropped (the new weights come from the
+    trainer anyway, so level 2 costs nothing more on wake-up). 0: the engine keeps its memory."""
     seed: int = 0
 
     def __post_init__(self) -> None:
+        _check(bool(self.model.strip()), "model", self.model, "must name a Hugging Face model directory")
         _check_dir(self.model, "model")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib"):
             _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
@@ -424,6 +434,28 @@ class PrepareConfig:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    """How the ranks share the work: one process per GPU, each with its own engine, its shard of the student and its
+    share of every rollout batch (``actfirst.parallel``; the README's "One node, and several")."""
+
+    compute_dtype: Literal["bfloat16", "float32"] = "float32"
+    """The student's forward and backward under FSDP2. Its master weights, gradients and AdamW state are float32
+    whatever this says (AdamW's ~1e-6 steps would round away in bfloat16 weights)."""
+    teacher: Literal["replicate", "shard"] = "replicate"
+    """The frozen teacher: a whole copy on every rank (scoring needs no communication), or FSDP2-sharded over the
+    ranks (each holds 1/N of it; every scoring forward all-gathers one block at a time)."""
+    sync_bucket_mb: int = 1024
+    """Weight sync: the most the gathered full parameters (in the engine's dtype) take at once, in MiB."""
+    peer_timeout_s: float = 30.0
+    """With several ranks: a rank whose heartbeat has not moved for this long is taken as dead, and the others stop
+    (``actfirst.parallel.watchdog``)."""
+
+    def __post_init__(self) -> None:
+        _check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")
+        _check(self.peer_timeout_s >= 5, "peer_timeout_s", self.peer_timeout_s, "must be >= 5")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """One OPD training run: benchmark, student engine, teacher, rollouts, update (Sec. 5.1, Appendix B-C)."""
 
@@ -437,14 +469,13 @@ class TrainConfig:
     teacher: str
     """The frozen teacher's Hugging Face directory (same tokenizer as the student)."""
     teacher_dtype: Literal["bfloat16", "float16", "float32"] = "float32"
-    train_dtype: Literal["bfloat16", "float32"] = "float32"
-    """The student's parameters in the trainer (the engine keeps ``student.dtype``)."""
     references: str | None = None
     """Reference cache (JSONL of ``python -m actfirst.references build``); required by the strategies that use it."""
     train_tasks: int = 0
     """Use only the first N training tasks (0: all)."""
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     num_updates: int = 250
@@ -466,6 +497,9 @@ class TrainConfig:
     """Checkpoints kept on disk (the newest ones)."""
     evaluation: EvaluationConfig | None = None
     """Evaluations during the run (absent or null: none)."""
+    vllm_console_level: Literal["debug", "info", "warning", "error", "off"] = "error"
+    """vLLM's own log lines on the console from this level up; all of them (INFO and up) go to
+    ``<out_dir>/logs/vllm_rank<r>.log``."""
     prepare: PrepareConfig = dataclasses.field(default_factory=PrepareConfig)
     seed: int = 0
     out_dir: str = "runs/train"
@@ -474,6 +508,12 @@ class TrainConfig:
         for name in ("alfworld", "scienceworld", "webshop"):
             _check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
                    f"set, but benchmark={self.benchmark!r}")
+        _check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
+        _check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
+        _check(self.references is None or bool(self.references.strip()), "references", self.references,
+               "must name a reference cache file (or be null)")
+        _check(not (self.student.sleep_level and self.overlap), "student.sleep_level", self.student.sleep_level,
+               "needs overlap: false (a sleeping engine cannot serve rollouts during the update)")
         if self.rollout.uses_references:
             _check(self.references is not None, "references", self.references,
                    f"rollout.strategy={self.rollout.strategy!r} needs a reference cache")
@@ -532,7 +572,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         _check(isinstance(value, dict), key, value, f"must be a mapping for {tp.__name__}")
         return _build(tp, value, key)
     if origin is Literal:
-        _check(value in typing.get_args(tp), key, value, f"must be one of {list(typing.get_args(tp))}")
+        _check(any(value == a and type(value) is type(a) for a in typing.get_args(tp)), key, value,
+               f"must be one of {list(typing.get_args(tp))}")
         return value
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
@@ -565,6 +606,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             except ValueError:
                 pass
         _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, value, "must be a number")
+        _check(math.isfinite(value), key, value, "must be a finite number")
         return float(value)
     if tp is int:
         _check(isinstance(value, int) and not isinstance(value, bool), key, value, "must be an integer")

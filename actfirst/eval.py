@@ -132,11 +132,14 @@ def pick_tasks(benchmark: Benchmark, tasks: Sequence[Any], n: int) -> list:
 
 async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any], *,
                    seeds: Sequence[int] = EVAL_SEEDS, rollout: RolloutConfig, max_in_flight: int = 16,
-                   progress: bool = True, pool: Any = None) -> EvalReport:
+                   progress: bool = True, pool: Any = None, shard: tuple[int, int] = (0, 1)) -> EvalReport:
     """Play every task once per seed with think-then-act and the evaluation budget; see the module docstring.
 
     ``pool``: an ``EnvPool`` of this benchmark to play on (at most ``max_in_flight`` of its workers; e.g. the
-    training run's, between rollout batches); by default a pool of ``max_in_flight`` workers is started."""
+    training run's, between rollout batches); by default a pool of ``max_in_flight`` workers is started.
+    ``shard=(rank, ranks)``: play only every ``ranks``-th (seed, task) episode from the ``rank``-th (each rank of a
+    job plays its share on its own engine; :func:`merge_reports` joins the parts). An episode's sampling seeds do
+    not depend on who plays it."""
     from actfirst.envs.workers import EnvPool
     from actfirst.rollout.runner import RolloutRunner
     from actfirst.rollout.strategies import make_strategy
@@ -153,13 +156,17 @@ async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any]
     cfg = eval_rollout_config(rollout, max_in_flight)
     check_fits(engine, cfg, "rollout.budget.eval_total")
     stride = seed_stride(benchmark, cfg)
-    jobs = deque((seed, index) for seed in seeds for index in range(len(tasks)))
+    rank, ranks = shard
+    if not 0 <= rank < ranks:
+        raise ValueError(f"shard={shard}: need 0 <= rank < ranks")
+    jobs = deque(job for i, job in enumerate((seed, index) for seed in seeds for index in range(len(tasks)))
+                 if i % ranks == rank)
     total, records = len(jobs), []
     every = max(1, total // 20)
     started = time.perf_counter()
 
     with contextlib.nullcontext(pool) if pool is not None else \
-            EnvPool(benchmark.env_spec(), size=min(max_in_flight, total),
+            EnvPool(benchmark.env_spec(), size=max(1, min(max_in_flight, total)),
                     call_timeout_s=rollout.env_timeout_s) as env_pool:
         workers = env_pool.workers[:min(max_in_flight, total)]
         runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=env_pool,
@@ -188,14 +195,30 @@ async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any]
         await play_jobs(workers, jobs, play)
 
     wall = time.perf_counter() - started
-    order = {s: i for i, s in enumerate(seeds)}
-    records.sort(key=lambda r: (order[r.seed], r.index))
     meta = {"strategy": "vanilla", "references": None, "num_tasks": len(tasks), "max_in_flight": max_in_flight,
             "rollout": dataclasses.asdict(cfg), "env": dataclasses.asdict(benchmark.config), "wall_s": wall,
             "episodes_per_s": total / wall if wall > 0 else None,
             "transitions": sum(r.turns for r in records)}
+    return _report(benchmark, seeds, records, meta)
+
+
+def _report(benchmark: Benchmark, seeds: list[int], records: list[EpisodeRecord], meta: dict) -> EvalReport:
+    order = {s: i for i, s in enumerate(seeds)}
+    records = sorted(records, key=lambda r: (order[r.seed], r.index))
     rows = order_rows(benchmark, [r.task_type for r in records])
     return EvalReport(benchmark=benchmark.name, seeds=seeds, task_types=rows, episodes=records, meta=meta)
+
+
+def merge_reports(parts: Sequence[EvalReport], benchmark: Benchmark) -> EvalReport:
+    """One report of the episodes that ranks played as shards of one evaluation (``evaluate(shard=...)``): the
+    wall-clock is the slowest part's, the throughput and transitions are summed."""
+    if len({tuple(p.seeds) for p in parts}) != 1:
+        raise ValueError(f"seeds {[p.seeds for p in parts]}: the parts are not shards of one evaluation")
+    records = [r for p in parts for r in p.episodes]
+    wall = max(p.meta["wall_s"] for p in parts)
+    meta = {**parts[0].meta, "wall_s": wall, "episodes_per_s": len(records) / wall if wall > 0 else None,
+            "transitions": sum(p.meta["transitions"] for p in parts), "shards": len(parts)}
+    return _report(benchmark, list(parts[0].seeds), records, meta)
 
 
 # -- CLI -------------------------------------------------------------------------------------------------------------
@@ -291,7 +314,7 @@ async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: Rollout
         return await evaluate(engine, tokenizer, benchmark, tasks, seeds=args.seeds, rollout=rollout,
                               max_in_flight=args.max_in_flight)
     finally:
-        await engine.close()
+        await engine.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:

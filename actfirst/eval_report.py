@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 PARTIAL_SCORE_BENCHMARKS = ("scienceworld", "webshop")
@@ -26,6 +27,8 @@ PARTIAL_SCORE_BENCHMARKS = ("scienceworld", "webshop")
 WILSON_Z = 1.959963984540054
 """The standard normal 97.5% quantile: a two-sided 95% interval."""
 OVERALL = "overall"
+TEACHER_EVAL = "actfirst_eval.json"
+"""A built teacher's evaluation report, in its directory (``actfirst.prepare`` writes it)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -218,3 +221,11 @@ def _pm(mean: float, sd: float) -> str:
     if math.isnan(mean):
         return "n/a"
     return f"{mean:.1f} ± {'n/a' if math.isnan(sd) else f'{sd:.1f}'}"
+
+
+def teacher_summary(teacher: str | Path) -> dict[str, Any] | None:
+    """The overall summary of a built teacher's stored evaluation (None when it has none)."""
+    path = Path(teacher) / TEACHER_EVAL
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())["summary"]["overall"]

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from actfirst.config import (
+    DEMO_CONFIG,
     BuildModelsConfig,
     ConfigError,
     EngineConfig,
@@ -41,9 +42,8 @@ from actfirst.config import (
     paths_unchecked,
 )
 from actfirst.envs.benchmarks import Benchmark, get_benchmark
+from actfirst.eval_report import TEACHER_EVAL
 
-TEACHER_EVAL = "actfirst_eval.json"
-"""The built teacher's evaluation report, in its directory."""
 SFT_RECORD = "actfirst_sft.json"
 """How a built model was trained (losses, wall-clock, throughput), in its directory."""
 
@@ -122,7 +122,7 @@ def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark) -> Path:
                                             per_task=cfg.prepare.teacher_rollouts, rollout=cfg.rollout,
                                             max_in_flight=cfg.rollout.batch_tasks, seed=cfg.seed)
         finally:
-            await engine.close()
+            await engine.shutdown()
 
     return write_candidates(path, asyncio.run(run()))
 
@@ -225,7 +225,7 @@ def evaluate_teacher(cfg: TrainConfig, benchmark: Benchmark) -> dict[str, Any]:
             return await evaluate(engine, AutoTokenizer.from_pretrained(cfg.teacher), benchmark, tasks,
                                   seeds=spec.seeds, rollout=cfg.rollout, max_in_flight=spec.max_in_flight)
         finally:
-            await engine.close()
+            await engine.shutdown()
 
     report = asyncio.run(run())
     report.meta.update({"model": cfg.teacher, "split": spec.split})
@@ -236,21 +236,11 @@ def evaluate_teacher(cfg: TrainConfig, benchmark: Benchmark) -> dict[str, Any]:
     return report.summary()
 
 
-def teacher_summary(teacher: str | Path) -> dict[str, Any] | None:
-    """The overall summary of a built teacher's stored evaluation (None when it has none)."""
-    path = Path(teacher) / TEACHER_EVAL
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())["summary"]["overall"]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actfirst.prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo's)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    from actfirst.run import DEMO_CONFIG
-
     try:
         cfg = load_prepare_config(args.config or str(DEMO_CONFIG), args.overrides)
         timings = ensure_prepared(cfg)

@@ -30,37 +30,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from actfirst.envs.base import Transition
+from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, load_benchmark, select_tasks
 from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
 
 
 class PartialCacheError(RuntimeError):
     """A reference cache does not cover every task (and partial use was not asked for)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Reference:
-    """One task's selected trajectory: actions a_1..a_T and transitions o_1..o_{T+1} (index 0 is the reset)."""
-
-    task: str
-    actions: list[str]
-    transitions: list[Transition]
-    source: str
-
-    @property
-    def score(self) -> float:
-        return self.transitions[-1].score
-
-    def to_json(self) -> str:
-        return json.dumps({"task": self.task, "actions": self.actions, "source": self.source,
-                           "transitions": [t.to_dict() for t in self.transitions]})
-
-    @classmethod
-    def from_json(cls, line: str) -> Reference:
-        data = json.loads(line)
-        return cls(data["task"], data["actions"], [Transition.from_dict(t) for t in data["transitions"]],
-                   data["source"])
 
 
 async def replay(worker: EnvWorker, task: Any, actions: Sequence[str]) -> tuple[list[str], list[Transition]]:

@@ -1,27 +1,36 @@
-"""The product run: prepare what is missing, train, evaluate, and say where everything is.
+"""The product run: prepare what is missing, start the ranks, train, evaluate, and say where everything is.
 
     python -m actfirst.run                                        # the CPU demo (configs/demo/scienceworld_lifespan.yaml)
     python -m actfirst.run --config configs/train/<benchmark>/<setting>.yaml [key=value ...] [--resume]
+    python -m actfirst.run --config ... --nproc-per-node 2        # ranks on this machine (default: one per GPU)
+    torchrun --nnodes N --nproc-per-node 8 ... -m actfirst.run --config ...   # several nodes
 
-Stages: ``actfirst.prepare`` (reference cache; for the demo also the teacher and the student's warm start), then
-the training loop (``actfirst.train.loop``) with its evaluations (update 0, every ``evaluation.every`` updates,
-the last), each of which rewrites ``<out_dir>/training_curve.png``. ``--resume`` continues an interrupted run
-(kill -9 included) from its latest checkpoint.
+Stages: ``actfirst.prepare`` (reference cache; for the demo also the teacher and the student's warm start) in the
+launching process, then the training (``actfirst.train.trainer``) on every rank with its evaluations (update 0,
+every ``evaluation.every`` updates, the last), each of which rewrites ``<out_dir>/training_curve.png``.
+
+Without torchrun's environment this command starts the ranks itself: one in this process, or several through
+PyTorch's elastic launcher (``actfirst.parallel.launch``), each of which runs this same command as a rank. Under
+torchrun every process is a rank and preparation must have been done (``python -m actfirst.prepare``). A rank
+that fails stops the others; ``--resume`` continues from the latest checkpoint (kill -9 included), on any number
+of ranks.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
+import os
 import sys
 import time
 from pathlib import Path
 
-from actfirst.config import ConfigError, TrainConfig
-from actfirst.eval_report import difference_interval
+from actfirst.config import DEMO_CONFIG, ConfigError, TrainConfig, check_paths
+from actfirst.eval_report import difference_interval, teacher_summary
 
-DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo" / "scienceworld_lifespan.yaml"
-"""The CPU demo's config (used when ``--config`` is not given)."""
+LAUNCH_ENV = "ACTFIRST_LAUNCH"
+"""What the launching process tells its ranks (JSON): when the run started and what preparation took."""
 
 
 def load_run_config(config: str | None, overrides: list[str]) -> TrainConfig:
@@ -32,40 +41,122 @@ def load_run_config(config: str | None, overrides: list[str]) -> TrainConfig:
     return load_prepare_config(config or str(DEMO_CONFIG), overrides)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m actfirst.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo)")
     parser.add_argument("--resume", action="store_true", help="continue the run in out_dir from its latest checkpoint")
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                        help="ranks to start on this machine (default: one per GPU; one on a CPU); ignored under "
+                             "torchrun, which sets its own")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (rollout.strategy=vanilla)")
-    args = parser.parse_args(argv)
+    return parser
 
-    from actfirst.prepare import ensure_prepared, teacher_summary
-    from actfirst.train.loop import train
 
-    started = time.perf_counter()
+def main(argv: list[str] | None = None) -> int:
+    from actfirst.parallel.context import launched_as_rank
+
+    args = build_parser().parse_args(argv)
+    if not launched_as_rank():
+        return launch(args)
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    try:  # a rank started by the launcher or by torchrun: the inputs must exist
+        cfg = load_run_config(args.config, args.overrides)
+        check_paths(cfg)
+    except ConfigError as e:
+        print(f"config error (rank {os.environ['RANK']}): {e}", file=sys.stderr)
+        return 2
+    return record(run_rank)(args, cfg)  # an error is written where the launcher reads it
+
+
+def launch(args: argparse.Namespace) -> int:
+    """The launching process: check the config, prepare what is missing, start the ranks."""
+    from actfirst.parallel.launch import default_nproc, launch_ranks
+
+    started = time.time()
+    nproc = args.nproc_per_node or default_nproc()
     try:
+        if nproc < 1:
+            raise ConfigError(f"--nproc-per-node={nproc}: must be >= 1")
         cfg = load_run_config(args.config, args.overrides)
         if not args.resume and (Path(cfg.out_dir) / "metrics.jsonl").exists():
             raise ConfigError(f"out_dir={cfg.out_dir!r} holds a run: add --resume to continue it, or give another "
                               f"out_dir=... to start a new one")
-        print(f"[run] config {args.config or DEMO_CONFIG}; out_dir {cfg.out_dir}", flush=True)
-        timings = ensure_prepared(cfg)
+        print(f"[run] config {args.config or DEMO_CONFIG}; out_dir {cfg.out_dir}; {nproc} rank(s)", flush=True)
+        timings = prepare(cfg, args, in_child=nproc > 1)
     except (ConfigError, FileExistsError) as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    prepare_s = time.perf_counter() - started
-    result = train(cfg, resume=args.resume)
-    out = Path(cfg.out_dir)
+    os.environ[LAUNCH_ENV] = json.dumps({"started": started, "prepare_s": time.time() - started,
+                                         "prepare_stages_s": timings})
+    if nproc == 1:
+        return run_rank(args, cfg)
+    return launch_ranks(nproc, "actfirst.run", rank_argv(args))
+
+
+def rank_argv(args: argparse.Namespace) -> list[str]:
+    """The command line every rank runs (the same run, without the launcher's own option)."""
+    return ([] if args.config is None else ["--config", args.config]) + (["--resume"] if args.resume else []) + \
+        list(args.overrides)
+
+
+def prepare(cfg: TrainConfig, args: argparse.Namespace, *, in_child: bool) -> dict[str, float]:
+    """Build what the run needs that is missing (``actfirst.prepare``). ``in_child``: in a child process, so that
+    no engine or GPU memory of the preparation outlives it into the ranks."""
+    from actfirst.prepare import ensure_prepared
+
+    if not in_child:
+        return ensure_prepared(cfg)
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_prepare_child, (args.config, list(args.overrides)))
+
+
+def _prepare_child(config: str | None, overrides: list[str]) -> dict[str, float]:
+    from actfirst.prepare import ensure_prepared
+
+    return ensure_prepared(load_run_config(config, overrides))
+
+
+def run_rank(args: argparse.Namespace, cfg: TrainConfig) -> int:
+    """One rank: train, then (rank 0) write the summary and print where everything is. A failure is reported to the
+    other ranks (they stop) and raised, so that the launcher names this rank and its error."""
+    from actfirst.parallel.context import init_parallel, shutdown_parallel
+    from actfirst.parallel.watchdog import PeerWatch
+    from actfirst.train.trainer import Trainer
+
+    ctx = init_parallel()
+    watch = PeerWatch(ctx.rank, ctx.world_size, timeout_s=cfg.parallel.peer_timeout_s).start() \
+        if ctx.world_size > 1 else None
+    try:
+        result = Trainer(cfg, ctx, resume=args.resume).train()
+    except BaseException as e:
+        if watch is not None:
+            watch.report_failure(f"rank {ctx.rank} failed: {type(e).__name__}: {e}")
+        raise
+    if watch is not None:
+        watch.stop()
+    if ctx.lead:
+        summary = write_summary(cfg, args, result)
+        print(final_message(cfg, summary), flush=True)
+    shutdown_parallel()
+    return 0
+
+
+def write_summary(cfg: TrainConfig, args: argparse.Namespace, result) -> dict:
+    """``<out_dir>/run_summary.json``: teacher and student SRs, the SR change, wall-clock by stage."""
+    launch_info = json.loads(os.environ.get(LAUNCH_ENV, "{}"))
     evals = result.evals
-    summary = {"config": str(args.config or DEMO_CONFIG), "prepare_s": prepare_s, "prepare_stages_s": timings,
-               "train_wall_s": result.wall_s, "eval_wall_s": sum(e["eval_wall_s"] for e in evals),
-               "total_s": time.perf_counter() - started, "teacher": teacher_summary(cfg.teacher),
+    started = launch_info.get("started")
+    summary = {"config": str(args.config or DEMO_CONFIG), "prepare_s": launch_info.get("prepare_s", 0.0),
+               "prepare_stages_s": launch_info.get("prepare_stages_s", {}), "train_wall_s": result.wall_s,
+               "eval_wall_s": sum(e["eval_wall_s"] for e in evals),
+               "total_s": time.time() - started if started else None, "teacher": teacher_summary(cfg.teacher),
                "evals": [{"update": e["update"], "elapsed_s": e["elapsed_s"], **e["summary"]} for e in evals],
                "sr_change": sr_change(evals), "probe_gaps": result.probe_gaps,
-               "transitions": result.num_transitions, "weight_version": result.weight_version}
-    (out / "run_summary.json").write_text(json.dumps(summary, indent=1))
-    print(_final_message(cfg, summary), flush=True)
-    return 0
+               "transitions": result.num_transitions, "weight_version": result.weight_version,
+               "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    (Path(cfg.out_dir) / "run_summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
 
 
 def sr_change(evals: list[dict]) -> dict | None:
@@ -81,11 +172,13 @@ def sr_change(evals: list[dict]) -> dict | None:
             "ci95": [100 * lo, 100 * hi], "beyond_noise": lo > 0 or hi < 0}
 
 
-def _final_message(cfg: TrainConfig, summary: dict) -> str:
+def final_message(cfg: TrainConfig, summary: dict) -> str:
     out = Path(cfg.out_dir)
-    lines = ["", f"[run] done: {cfg.num_updates} updates, {summary['transitions']} transitions, weight version "
-                 f"{summary['weight_version']}; {summary['total_s']:.0f} s in all: prepare {summary['prepare_s']:.0f} s, "
-                 f"training {summary['train_wall_s']:.0f} s, evaluation {summary['eval_wall_s']:.0f} s"]
+    total = f"{summary['total_s']:.0f} s in all: " if summary["total_s"] is not None else ""
+    lines = ["", f"[run] done: {cfg.num_updates} updates on {summary['world_size']} rank(s), "
+                 f"{summary['transitions']} transitions, weight version {summary['weight_version']}; {total}prepare "
+                 f"{summary['prepare_s']:.0f} s, training {summary['train_wall_s']:.0f} s, evaluation "
+                 f"{summary['eval_wall_s']:.0f} s"]
     teacher = summary["teacher"]
     if teacher is not None:
         lo, hi = teacher["SR_ci95_pooled"]
@@ -105,7 +198,7 @@ def _final_message(cfg: TrainConfig, summary: dict) -> str:
     if gaps:
         lines.append(f"  teacher-minus-student gap (probe): {gaps[0]:+.3f} -> {gaps[-1]:+.3f} nat/token")
     lines += [f"  metrics:    {out / 'metrics.jsonl'} (TensorBoard: {out / 'tensorboard'}), evaluations "
-              f"{out / 'evals.jsonl'}",
+              f"{out / 'evals.jsonl'}; vLLM's log: {out / 'logs'}",
               f"  plot:       {out / 'training_curve.png'}",
               f"  checkpoint: {out / 'checkpoints'} (a Hugging Face directory; python -m actfirst.eval --checkpoint "
               f"...)",

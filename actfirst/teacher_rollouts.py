@@ -167,7 +167,7 @@ async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: Rollout
         candidates = await teacher_candidates(engine, tokenizer, benchmark, tasks, per_task=args.per_task,
                                               rollout=rollout, max_in_flight=args.max_in_flight, seed=args.seed)
     finally:
-        await engine.close()
+        await engine.shutdown()
     print(f"[teacher {benchmark.name}] {len(candidates)}/{len(tasks)} tasks with a successful rollout, "
           f"{sum(map(len, candidates.values()))} distinct sequences", flush=True)
     return candidates

@@ -31,7 +31,7 @@ from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.models.factory import build_model
 from actfirst.references import build_references
-from actfirst.train.loop import train
+from actfirst.train.trainer import train
 
 TEACHER_HEAD_SCALE = 6.0
 

@@ -229,7 +229,7 @@ async def run(cfg: RolloutSpeedupConfig, out_dir: Path) -> dict:
         if p != default_policy:
             for b in cfg.b_max:
                 await paired(cfg.full_response_tokens[0], b, cfg.turns[0], p, 1)
-    await engine.close()
+    await engine.shutdown()
     log.close()
     return assemble(cfg, lat, rates, raw_rows)
 

@@ -159,7 +159,7 @@ def test_main_trains_each_strategy_then_compares(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "actfirst.prepare", types.SimpleNamespace(
         ensure_prepared=lambda cfg: calls.append(("prepare", cfg.strategy)),
         teacher_summary=lambda teacher: eval_summary([7, 7], 10, "alfworld") if teacher == "T" else None))
-    monkeypatch.setitem(sys.modules, "actfirst.train.loop", types.SimpleNamespace(train=train))
+    monkeypatch.setitem(sys.modules, "actfirst.train.trainer", types.SimpleNamespace(train=train))
     out = tmp_path / "cmp"
     assert main(["--out", str(out), "seed=3"]) == 0
     assert calls == [("load", None, ["seed=3", "rollout.strategy=vanilla", f"out_dir={out / 'vanilla'}"]),

@@ -94,15 +94,15 @@ def test_training_config_holds_the_paper_settings(path, paths):
     assert (cfg.optim.lr, cfg.optim.grad_clip, cfg.optim.weight_decay) == (1e-6, 1.0, 0.01)
     assert cfg.scheduler.b_max == 256 and cfg.student.max_num_seqs >= cfg.scheduler.b_max
     assert cfg.student.dtype == "bfloat16" and cfg.teacher_dtype == "bfloat16"
-    # bfloat16 parameters without float32 master weights lose AdamW's ~1e-6 steps to rounding.
-    assert cfg.train_dtype == "float32"
+    # FSDP2 computes in bfloat16 over float32 master weights (AdamW's ~1e-6 steps would round away in bfloat16).
+    assert cfg.parallel.compute_dtype == "bfloat16" and cfg.parallel.teacher == "replicate"
     assert cfg.checkpoint_every == 25
 
 
 @pytest.mark.parametrize("path", TRAIN, ids=lambda p: p.relative_to(CONFIGS).as_posix())
 def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, monkeypatch, capsys):
     import actfirst.run as cli
-    import actfirst.train.loop
+    import actfirst.train.trainer
 
     size = path.stem.removeprefix("qwen3-").upper()
     with pytest.raises(ConfigError) as err:
@@ -120,7 +120,7 @@ def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, mo
     def no_work(*args, **kwargs):
         raise AssertionError("train() called with a bad config")
 
-    monkeypatch.setattr(actfirst.train.loop, "train", no_work)
+    monkeypatch.setattr(actfirst.train.trainer.Trainer, "train", no_work)
     assert cli.main(["--config", str(path)]) == 2
     assert f"student.model='/models/Qwen3-{size}': is not a directory" in capsys.readouterr().err
 
@@ -164,7 +164,8 @@ def test_demo_config_builds_its_models_from_nothing():
     """The CPU demo's config: its student and (when not shipped) teacher are prepare's outputs, so it loads under
     ``paths_unchecked`` and names what prepare builds; the task set evaluates held-out variations of the trained
     types, at least 64 sampled episodes per evaluation."""
-    from actfirst.run import DEMO_CONFIG, load_run_config
+    from actfirst.config import DEMO_CONFIG
+    from actfirst.run import load_run_config
 
     cfg = load_run_config(None, [])
     assert Path(DEMO_CONFIG).is_file()

@@ -89,13 +89,18 @@ class ActFirstEngine:
         self._wakeup = asyncio.Event()
         self._loop_task: asyncio.Task | None = None
         self._next_id = 0
+        self.asleep = False
+        """Between :meth:`sleep` and the next :meth:`update_weights`: the engine's GPU memory is free."""
 
     @classmethod
-    def from_config(cls, engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig) -> ActFirstEngine:
+    def from_config(cls, engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig, *,
+                    world_size: int = 1) -> ActFirstEngine:
+        """An engine for this process; ``world_size`` > 1: one of the job's per-rank engines (every rank builds its
+        own at the same time)."""
         if scheduler_cfg.b_max > engine_cfg.max_num_seqs:
             raise ValueError(f"scheduler.b_max={scheduler_cfg.b_max}: must not exceed "
                              f"engine.max_num_seqs={engine_cfg.max_num_seqs}")
-        return cls(VLLMEngine(engine_cfg), scheduler_cfg)
+        return cls(VLLMEngine(engine_cfg, world_size=world_size), scheduler_cfg)
 
     def reconfigure(self, scheduler_cfg: SchedulerConfig) -> None:
         """Replace the scheduling policy (b_max, admission) while idle; records are cleared."""
@@ -139,11 +144,20 @@ class ActFirstEngine:
             self.vllm.abort([request.engine_request_id])
         self._finish(request, RequestStatus.FINISHED_ABORTED)
 
+    def sleep(self) -> None:
+        """Free the engine's GPU memory while the trainer updates (``student.sleep_level``); the next
+        :meth:`update_weights` wakes it. Only between rollouts: nothing may be queued or running."""
+        if self.scheduler.has_work():
+            raise RuntimeError("sleep needs an idle engine (requests are queued or running)")
+        self.vllm.sleep()
+        self.asleep = True
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Put new student weights into the running engine; returns the new weight version.
 
         Requests in flight are requeued and restart under the new weights (see the module docstring); the
-        prefix cache is reset so that no KV computed under old weights is reused.
+        prefix cache is reset so that no KV computed under old weights is reused. A sleeping engine gets its weight
+        memory back first and its KV cache after the load (so both never coexist with the gathered weights).
         """
         self.num_discarded_tokens += sum(r.num_generated for r in self.scheduler.running.values())
         self.num_discarded_tokens += sum(r.num_generated for r in self.scheduler.waiting)  # paused by preemption
@@ -151,11 +165,21 @@ class ActFirstEngine:
         self.vllm.abort(r.engine_request_id for r in requeued)
         for request in requeued:
             self._requests.pop(request.engine_request_id, None)
+        if self.asleep:
+            self.vllm.wake_up(["weights"])
         self.vllm.load_weights(named_tensors)
+        if self.asleep:
+            self.vllm.wake_up(["kv_cache"])
+            self.asleep = False
         self.vllm.reset_prefix_cache()
         self.weight_version += 1
         self._wakeup.set()
         return self.weight_version
+
+    async def shutdown(self) -> None:
+        """:meth:`close`, then tear vLLM down (see ``VLLMEngine.shutdown``): for an engine that is done for good."""
+        await self.close()
+        self.vllm.shutdown()
 
     async def close(self) -> None:
         """Abort everything still queued or running and stop the loop task."""

@@ -2,18 +2,31 @@
 
 It converts ActFirst requests into vLLM requests and vLLM's per-step outputs into :class:`StepOutput`s.
 It knows nothing about kinds, priorities or b_max: that is the scheduler's job.
+
+In a job of several ranks every rank holds one engine (tensor parallel 1) under vLLM's ``external_launcher``
+executor: the engines join the job's process group instead of making their own, and each generates on its own.
+
+Weight reloads and ties. ``reload_weights`` re-runs each layer's loading and post-processing as its weights arrive.
+A layer that gets no weights keeps its tensors and vLLM warns "<Layer>: Failed to load weights": for
+``RotaryEmbedding`` that is right (its cos/sin cache is computed from the config; no checkpoint holds it). For the
+LM head of a model with tied embeddings it is not, on the CPU: the head's weight is the embedding's (updated), but
+the CPU backend computes logits from a packed copy made by the head's post-processing, which the reload skips (the
+checkpoint names no ``lm_head.weight``), so the engine kept sampling from the old head (measured: log-probs off by
+4.8 nats after one perturbed reload). :meth:`VLLMEngine.load_weights` re-runs the head's post-processing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterable
 
 import torch
 
-from actfirst.config import EngineConfig
+from actfirst.config import ConfigError, EngineConfig
 from actfirst.engine.request import SamplingSpec
+from actfirst.logs import route_vllm_logs, vllm_logs_routed
 
 
 @dataclasses.dataclass(slots=True)
@@ -30,8 +43,14 @@ class StepOutput:
 class VLLMEngine:
     """vLLM's ``LLMEngine`` in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)."""
 
-    def __init__(self, cfg: EngineConfig) -> None:
+    def __init__(self, cfg: EngineConfig, *, world_size: int = 1) -> None:
+        if cfg.sleep_level and not torch.cuda.is_available():
+            raise ConfigError(f"student.sleep_level={cfg.sleep_level}: vLLM's sleep mode needs a CUDA GPU; use 0 here")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM's Triton helpers probe torch.distributed.reduce_op (deprecated) at import: not ours to act on.
+        warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op.*", category=FutureWarning)
+        if not vllm_logs_routed():
+            route_vllm_logs(None, "warning")
         if not torch.cuda.is_available():
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)  # parsed with int(): whole GiB
             # vLLM's CPU worker ignores torch.set_num_threads; two threads on a shared 2-core machine stall.
@@ -50,12 +69,18 @@ class VLLMEngine:
             seed=cfg.seed,
             # Log-probs of the distribution actually sampled from (temperature, top-p): log pi_old (Eq. 29).
             logprobs_mode="processed_logprobs",
+            use_tqdm_on_load=False,
         )
         if torch.cuda.is_available():
             kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = cfg.sleep_level > 0
+        if world_size > 1:  # one engine per rank in the job's process group (torchrun's RANK, LOCAL_RANK)
+            kwargs["distributed_executor_backend"] = "external_launcher"
+        self.sleep_level = cfg.sleep_level
         self.llm = LLM(**kwargs)
         self.engine = self.llm.llm_engine
         self.tokenizer = self.llm.get_tokenizer()
+        self.tied_head = bool(self.llm.llm_engine.model_config.hf_config.get_text_config().tie_word_embeddings)
 
     def add(self, engine_request_id: str, prompt_token_ids: list[int], spec: SamplingSpec, *,
             num_generated: int = 0) -> None:
@@ -103,6 +128,21 @@ class VLLMEngine:
         CPU backend where linear weights are repacked after loading.
         """
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        if self.tied_head and not torch.cuda.is_available():
+            self.llm.collective_rpc(_reprocess_lm_head)
+
+    def shutdown(self) -> None:
+        """Tear the engine down now rather than at exit. vLLM's teardown also destroys torch.distributed's default
+        process group (it may have made it): nothing collective can follow."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory (``student.sleep_level``); no request may be running."""
+        self.llm.sleep(level=self.sleep_level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Take the memory back (``tags``: ``["weights"]`` or ``["kv_cache"]`` alone; None: both)."""
+        self.llm.wake_up(tags=tags)
 
     def reset_prefix_cache(self) -> None:
         if not self.llm.reset_prefix_cache():
@@ -110,3 +150,9 @@ class VLLMEngine:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def _reprocess_lm_head(worker) -> None:
+    """Re-run the LM head's post-processing (its packed copy on the CPU) after a reload of tied embeddings."""
+    head = worker.model_runner.model.lm_head
+    head.quant_method.process_weights_after_loading(head)

@@ -49,30 +49,6 @@ def alfworld_tasks(root: str | Path) -> list[ALFWorldTask]:
     return tasks
 
 
-def alfworld_split(split: str, generated_dir: str | Path | None = None, per_type: int = 10,
-                   seed: int = 0) -> list[ALFWorldTask]:
-    """The tasks of ``split``: ``$ALFWORLD_DATA/json_2.1.1/<split>`` when that folder exists, else generated games.
-
-    (alfworld sets ``$ALFWORLD_DATA`` to ``~/.cache/alfworld`` on import, so the variable alone does not mean the
-    games were downloaded: the folder decides.) Without the download, ``generated_dir`` receives ``per_type``
-    generated games of each task type per split (distinct seeds per split; valid_unseen in rooms the other splits
-    never use).
-    """
-    if split not in SPLITS:
-        raise ValueError(f"split={split!r}: not one of {SPLITS}")
-    data = os.environ.get("ALFWORLD_DATA", "")
-    if data and (Path(data) / "json_2.1.1" / split).is_dir():
-        return alfworld_tasks(Path(data) / "json_2.1.1" / split)
-    if generated_dir is None:
-        raise ValueError(f"generated_dir=None: no downloaded games at ALFWORLD_DATA={data!r} (json_2.1.1/{split}), "
-                         f"so games must be generated somewhere")
-    from actfirst.envs.alfworld_games import generate_split
-
-    generate_split(Path(generated_dir) / split, per_type, seed=seed * len(SPLITS) + SPLITS.index(split),
-                   unseen=split == "valid_unseen")
-    return alfworld_tasks(Path(generated_dir) / split)
-
-
 def walkthrough(task: ALFWorldTask) -> list[str]:
     """The planner's solution stored in the game file (ALFWorld's "walkthrough"; empty when absent)."""
     return list(json.loads(Path(task.game_file).read_text()).get("walkthrough") or [])

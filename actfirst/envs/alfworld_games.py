@@ -19,6 +19,8 @@ import os
 import random
 from pathlib import Path
 
+from actfirst.envs.alfworld_env import SPLITS, ALFWorldTask, ALFWorldTextEnv, alfworld_tasks
+
 # The six ALFWorld task types (Appendix C.1), short name -> ALFRED name.
 TASK_TYPES = {
     "pick": "pick_and_place_simple",
@@ -202,8 +204,6 @@ def _start_location(rng: random.Random, scene: _Scene) -> str:
 
 def replay_wins(game_file: str | Path, commands: list[str]) -> bool:
     """Whether ``commands`` win ``game_file`` when played as the ALFWorld environment plays it."""
-    from actfirst.envs.alfworld_env import ALFWorldTask, ALFWorldTextEnv
-
     env = ALFWorldTextEnv(max_turns=len(commands) + 1)
     try:
         env.reset(ALFWorldTask(str(game_file), task_type=""))
@@ -291,6 +291,28 @@ def generate_split(out_dir: str | Path, per_type: int, seed: int = 0, unseen: bo
             game_file = game_dir / "game.tw-pddl"
             files.append(game_file if game_file.exists() else generate_game(seed * 1_000_003 + i, task, game_dir, unseen))
     return files
+
+
+def alfworld_split(split: str, generated_dir: str | Path | None = None, per_type: int = 10,
+                   seed: int = 0) -> list[ALFWorldTask]:
+    """The tasks of ``split``: ``$ALFWORLD_DATA/json_2.1.1/<split>`` when that folder exists, else generated games.
+
+    (alfworld sets ``$ALFWORLD_DATA`` to ``~/.cache/alfworld`` on import, so the variable alone does not mean the
+    games were downloaded: the folder decides.) Without the download, ``generated_dir`` receives ``per_type``
+    generated games of each task type per split (distinct seeds per split; valid_unseen in rooms the other splits
+    never use).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r}: not one of {SPLITS}")
+    data = os.environ.get("ALFWORLD_DATA", "")
+    if data and (Path(data) / "json_2.1.1" / split).is_dir():
+        return alfworld_tasks(Path(data) / "json_2.1.1" / split)
+    if generated_dir is None:
+        raise ValueError(f"generated_dir=None: no downloaded games at ALFWORLD_DATA={data!r} (json_2.1.1/{split}), "
+                         f"so games must be generated somewhere")
+    generate_split(Path(generated_dir) / split, per_type, seed=seed * len(SPLITS) + SPLITS.index(split),
+                   unseen=split == "valid_unseen")
+    return alfworld_tasks(Path(generated_dir) / split)
 
 
 def main(argv: list[str] | None = None) -> None:

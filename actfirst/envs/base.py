@@ -2,14 +2,17 @@
 
 ``reset(task)`` and ``step(action)`` both return a ``Transition``: the observation, what the prompts show as
 admissible-action information (Appendix B.1), what the transition checks compare (Appendix B.5), and the episode's
-score so far. Environments are plain synchronous objects; ``actfirst.envs.workers`` runs them in worker processes.
+score so far. Environments are plain synchronous objects; ``actfirst.envs.workers`` runs them in worker processes
+(built there from an :class:`EnvFactory`). A :class:`Reference` is a task's cached trajectory (Appendix C.2), what
+the transition checks compare a student turn with.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any
+import json
+from typing import Any, Protocol
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -74,3 +77,33 @@ class TextEnv(abc.ABC):
     def _truncated(self, turn: int, done: bool) -> bool:
         """Whether the turn limit truncates this step's episode."""
         return not done and turn >= self.max_turns
+
+
+class EnvFactory(Protocol):
+    """What a worker process builds its environment from (picklable; ``Benchmark.env_spec()`` gives one)."""
+
+    def make_env(self) -> TextEnv: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reference:
+    """One task's selected trajectory: actions a_1..a_T and transitions o_1..o_{T+1} (index 0 is the reset)."""
+
+    task: str
+    actions: list[str]
+    transitions: list[Transition]
+    source: str
+
+    @property
+    def score(self) -> float:
+        return self.transitions[-1].score
+
+    def to_json(self) -> str:
+        return json.dumps({"task": self.task, "actions": self.actions, "source": self.source,
+                           "transitions": [t.to_dict() for t in self.transitions]})
+
+    @classmethod
+    def from_json(cls, line: str) -> Reference:
+        data = json.loads(line)
+        return cls(data["task"], data["actions"], [Transition.from_dict(t) for t in data["transitions"]],
+                   data["source"])

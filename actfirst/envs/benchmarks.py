@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from actfirst.config import ALFWorldConfig, ScienceWorldConfig, WebShopConfig, load_config
-from actfirst.envs.base import TextEnv, Transition
+from actfirst.envs.base import Reference, TextEnv, Transition
 from actfirst.envs.checks import (SEARCH_MISMATCH_ALLOWED, CheckResult, alfworld_action_valid, alfworld_check,
                                   scienceworld_action_valid, scienceworld_check, webshop_action_valid, webshop_check)
 
 if TYPE_CHECKING:
     from actfirst.envs.workers import EnvWorker
-    from actfirst.references import Reference
 
 EnvConfig = ALFWorldConfig | ScienceWorldConfig | WebShopConfig
 SPLITS = ("train", "eval")
@@ -187,7 +186,7 @@ class ALFWorldBenchmark(Benchmark):
 
     def _tasks(self, split: str) -> list:
         """train: ALFWorld's train split; eval: valid_seen and valid_unseen pooled (C.1)."""
-        from actfirst.envs.alfworld_env import alfworld_split
+        from actfirst.envs.alfworld_games import alfworld_split
 
         names = ["train"] if split == "train" else ["valid_seen", "valid_unseen"]
         return [task for name in names for task in alfworld_split(

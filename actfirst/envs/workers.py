@@ -27,9 +27,9 @@ from typing import Any
 
 import psutil
 
-from actfirst.envs.benchmarks import EnvSpec
+from actfirst.envs.base import EnvFactory
 
-__all__ = ["EnvError", "EnvPool", "EnvSpec", "EnvWorker", "WorkerDied"]
+__all__ = ["EnvError", "EnvPool", "EnvWorker", "WorkerDied"]
 
 _START_TIMEOUT_S = 120.0
 _CONTINUES_EPISODE = frozenset({"step"})
@@ -44,7 +44,7 @@ class WorkerDied(RuntimeError):
     """The worker (or a process it started) died; the worker has been restarted, the episode is lost."""
 
 
-def _worker_main(conn, spec: EnvSpec) -> None:
+def _worker_main(conn, spec: EnvFactory) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the workers
     try:
         env = spec.make_env()
@@ -114,7 +114,7 @@ def _close_all() -> None:
 class EnvWorker:
     """One environment in its own process."""
 
-    def __init__(self, spec: EnvSpec, call_timeout_s: float | None = None):
+    def __init__(self, spec: EnvFactory, call_timeout_s: float | None = None):
         self.spec = spec
         self.call_timeout_s = call_timeout_s
         """``acall`` waits at most this long for a reply; then the worker counts as dead (None: no limit)."""
@@ -318,7 +318,7 @@ class EnvWorker:
 class EnvPool:
     """``size`` workers of one environment spec; a context manager that closes them all."""
 
-    def __init__(self, spec: EnvSpec, size: int, call_timeout_s: float | None = None):
+    def __init__(self, spec: EnvFactory, size: int, call_timeout_s: float | None = None):
         if size < 1:
             raise ValueError(f"size={size}: must be >= 1")
         self.workers = [EnvWorker(spec, call_timeout_s) for _ in range(size)]

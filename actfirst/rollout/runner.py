@@ -30,7 +30,7 @@ from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.workers import EnvError, EnvPool, EnvWorker, WorkerDied
 from actfirst.prompts import Mode, PromptTooLong, Step, build_prompt
-from actfirst.references import Reference
+from actfirst.envs.base import Reference
 from actfirst.rollout.actions import FastAction, generate_fast_action
 from actfirst.rollout.budget import FullResponse, generate_full_response
 from actfirst.rollout.strategies import ActionSource, RolloutStrategy

@@ -26,14 +26,19 @@ import re
 import shutil
 import warnings
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
+
+from actfirst.parallel.context import all_gather_objects, broadcast_object
 
 _TMP = ".tmp-"
 """Prefix of everything written but not committed (removed by the next save)."""
 _NAME = re.compile(r"update_(\d{6,})")
+TRAINER_STATE = "trainer_state.pt"
 _SCALARS = (str, int, float, bool, type(None))
 """Exact types (numpy's float64 is a float, yet ``torch.load(weights_only=True)`` refuses it)."""
 
@@ -42,60 +47,118 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written (unwritable directory, full disk); nothing earlier was changed."""
 
 
-def save_checkpoint(out_dir: str | Path, *, update: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
-                    extra: dict[str, Any] | None = None, keep: int = 1) -> Path:
-    """Write ``<out_dir>/checkpoints/update_<NNNNNN>`` atomically, point ``latest`` at it and delete the others
-    beyond ``keep`` (the ``keep - 1`` newest before it stay; later ones, left by an abandoned run, go).
+@contextlib.contextmanager
+def checkpoint_transaction(out_dir: str | Path, *, update: int, keep: int = 1,
+                           contents: dict[str, Any] | None = None) -> Iterator[Path]:
+    """Write the checkpoint of ``update`` into the yielded directory; commit it when the block ends cleanly.
 
-    ``trainer_state`` (e.g. ``StudentUpdater.state_dict()``, ``SampleBuffer.state_dict()``, counters) and ``extra``
-    must hold only dicts, lists, tuples, strings, numbers, None and tensors (checkpoints load with
-    ``weights_only=True``); the python/numpy/torch RNG states are added under ``"rng"``. Raises
-    :class:`CheckpointError` when the write fails (the temporary directory is removed; the previous checkpoint and
-    ``latest`` are untouched).
+    The directory is ``<out_dir>/checkpoints/.tmp-update_<NNNNNN>-<pid>``. On a clean exit it is fsynced, completed
+    by ``checkpoint.json`` (``contents`` added to it), renamed to ``update_<NNNNNN>`` and committed by atomically
+    replacing ``latest``; the checkpoints beyond ``keep`` are then deleted. When the block raises, or a write
+    fails, it is removed and :class:`CheckpointError` raised: the previous checkpoint and ``latest`` are untouched.
+
+    With several ranks every rank enters (a collective): rank 0 makes the directory, every rank writes its parts
+    into it, and rank 0 commits only when every rank's block succeeded; every rank then raises or returns alike.
     """
     if update < 0 or keep < 1:
         raise ValueError(f"update={update!r}, keep={keep!r}: need update >= 0 and keep >= 1")
+    root = Path(out_dir) / "checkpoints"
+    name = f"update_{update:06d}"
+    if _read_pointer(root) == name:
+        raise ValueError(f"update={update}: {root / name} is already the latest checkpoint")
+    lead = not dist.is_initialized() or dist.get_rank() == 0
+    tmp = Path(broadcast_object(str(root / f"{_TMP}{name}-{os.getpid()}")))
+    _agree(update, root, tmp, _attempt(lambda: _make_tmp(root, tmp)) if lead else None)
+    failure: BaseException | None = None
+    try:
+        yield tmp
+    except Exception as e:  # OSError, and the Rust writers' errors (safetensors, tokenizers) on a full disk
+        failure = e
+    _agree(update, root, tmp, failure)
+    _agree(update, root, tmp, _attempt(lambda: _commit(root, tmp, name, update, contents or {})) if lead else None)
+    if lead:
+        _prune(root, update, keep)
+
+
+def _attempt(fn) -> BaseException | None:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - reported by _agree
+        return e
+    return None
+
+
+def _agree(update: int, root: Path, tmp: Path, failure: BaseException | None) -> None:
+    """Raise :class:`CheckpointError` on every rank when any rank failed (rank 0 removes the temporary directory)."""
+    cause = _os_error(failure) if failure is not None else None
+    reports = all_gather_objects(None if cause is None else f"{type(cause).__name__}: {cause}")
+    failed = [(rank, r) for rank, r in enumerate(reports) if r is not None]
+    if not failed:
+        return
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            (root / f"{_TMP}latest-{os.getpid()}").unlink(missing_ok=True)
+    rank, report = failed[0]
+    where = f" (rank {rank})" if len(reports) > 1 else ""
+    raise CheckpointError(f"checkpoint of update {update} not written to {root}{where}: {report}; the previous "
+                          f"checkpoint and {root / 'latest'} are unchanged") from failure
+
+
+def _make_tmp(root: Path, tmp: Path) -> None:
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(root)
+    tmp.mkdir()
+
+
+def _commit(root: Path, tmp: Path, name: str, update: int, contents: dict[str, Any]) -> None:
+    """fsync what the ranks wrote, write ``checkpoint.json``, move the directory into place, replace ``latest``."""
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    for path in files:
+        _fsync(path)
+    for path in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
+        _fsync(path)
+    _write_synced(tmp / "checkpoint.json", json.dumps({
+        "update": update, "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "files": {str(p.relative_to(tmp)): p.stat().st_size for p in files}, **contents}, indent=1))
+    _fsync(tmp)
+    pointer, final = root / f"{_TMP}latest-{os.getpid()}", root / name
+    _write_synced(pointer, name + "\n")
+    if final.exists():  # written by a run killed before it moved `latest`; not what `latest` names
+        final.rename(root / f"{_TMP}old-{name}-{os.getpid()}")
+    tmp.rename(final)
+    os.replace(pointer, root / "latest")  # the commit
+    _fsync(root)
+
+
+def save_checkpoint(out_dir: str | Path, *, update: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
+                    extra: dict[str, Any] | None = None, keep: int = 1) -> Path:
+    """One process's checkpoint: ``<out_dir>/checkpoints/update_<NNNNNN>`` (the model as a Hugging Face directory,
+    the tokenizer, ``trainer_state.pt``) written by :func:`checkpoint_transaction`; returns its path.
+
+    ``trainer_state`` (counters, an optimizer's ``state_dict()``...) and ``extra`` must hold only dicts, lists,
+    tuples, strings, numbers, None and tensors (checkpoints load with ``weights_only=True``); the python/numpy/torch
+    RNG states are added under ``"rng"``. Raises :class:`CheckpointError` when the write fails.
+    """
     if {"extra", "rng"} & trainer_state.keys() or trainer_state.get("update", update) != update:
         raise ValueError(f"trainer_state keys {sorted(trainer_state)}: 'extra' and 'rng' are set by save_checkpoint, "
                          f"and 'update' must equal update={update}")
-    state = {**trainer_state, "update": update, "extra": dict(extra or {}), "rng": _rng_state()}
+    state = {**trainer_state, "update": update, "extra": dict(extra or {}), "rng": rng_state()}
     _check_plain(state, "trainer_state")
-    root = Path(out_dir) / "checkpoints"
-    name = f"update_{update:06d}"
-    final = root / name
-    if _read_pointer(root) == name:
-        raise ValueError(f"update={update}: {final} is already the latest checkpoint")
-    tmp, pointer = root / f"{_TMP}{name}-{os.getpid()}", root / f"{_TMP}latest-{os.getpid()}"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        _remove_leftovers(root)
-        tmp.mkdir()
+    with checkpoint_transaction(out_dir, update=update, keep=keep,
+                                contents={"trainer_state": sorted(state), "extra": sorted(state["extra"])}) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)  # + config.json, generation_config.json
         tokenizer.save_pretrained(tmp)  # + chat_template.jinja
-        with open(tmp / "trainer_state.pt", "wb") as f:  # a file object: a failed write raises the OSError itself
-            torch.save(state, f)
-        for path in tmp.iterdir():
-            _fsync(path)
-        _write_synced(tmp / "checkpoint.json", json.dumps({
-            "update": update, "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir())},
-            "trainer_state": sorted(state), "extra": sorted(state["extra"])}, indent=1))
-        _fsync(tmp)
-        _write_synced(pointer, name + "\n")
-        if final.exists():  # written by a run killed before it moved `latest`; not what `latest` names
-            final.rename(root / f"{_TMP}old-{name}-{os.getpid()}")
-        tmp.rename(final)
-        os.replace(pointer, root / "latest")  # the commit
-        _fsync(root)
-    except Exception as e:  # OSError, and the Rust writers' errors (safetensors, tokenizers) on a full disk
-        shutil.rmtree(tmp, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            pointer.unlink(missing_ok=True)
-        cause = _os_error(e)
-        raise CheckpointError(f"checkpoint of update {update} not written to {root}: {type(cause).__name__}: "
-                              f"{cause}; the previous checkpoint and {root / 'latest'} are unchanged") from e
-    _prune(root, update, keep)
-    return final
+        save_plain(tmp / TRAINER_STATE, state)
+    return Path(out_dir) / "checkpoints" / f"update_{update:06d}"
+
+
+def save_plain(path: Path, state: dict[str, Any]) -> None:
+    """``torch.save`` of plain data (see :func:`save_checkpoint`), through a file object: a failed write raises the
+    OSError itself."""
+    _check_plain(state, path.stem)
+    with open(path, "wb") as f:
+        torch.save(state, f)
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
@@ -114,7 +177,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not (path / "checkpoint.json").is_file():
         raise CheckpointError(f"{path}: not a complete checkpoint (no checkpoint.json)")
-    return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+    return torch.load(path / TRAINER_STATE, map_location="cpu", weights_only=True)
 
 
 def restore_rng(state: dict[str, Any]) -> None:
@@ -165,7 +228,7 @@ def _os_error(e: BaseException) -> BaseException:
     return cause or e
 
 
-def _rng_state() -> dict[str, Any]:
+def rng_state() -> dict[str, Any]:
     kind, key, pos, has_gauss, gauss = np.random.get_state()
     return {"python": random.getstate(),
             "numpy": {"kind": kind, "key": key.tolist(), "pos": pos, "has_gauss": has_gauss, "gauss": gauss},

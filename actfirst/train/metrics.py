@@ -15,25 +15,46 @@ ALIGNMENT_WINDOW = 10
 """Appendix F: windowed rates aggregate the latest 10 completed rollout batches."""
 
 
-def rollout_metrics(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
-    """Counts aggregated over ``episodes`` (Appendix F: those of the latest ``ALIGNMENT_WINDOW`` rollout batches):
-    first-action and full-trajectory alignment over guided episodes, aligned-turn coverage over all executed turns,
-    the fallback rate and the mean turn of the first fallback, the rollouts' success rate and turns."""
+def rollout_counts(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
+    """The numerators and denominators of :func:`rollout_rates` over ``episodes``: sums, so that windows and ranks
+    add up before the rates are taken."""
     guided = [e for e in episodes if e.guided]
     started = [e for e in guided if e.turns]
     fallbacks = [e.fallback_turn for e in guided if e.fallback_turn is not None]
-    turns = sum(e.num_turns for e in episodes)
-    nan = float("nan")
     return {
-        "rollout/success_rate": sum(e.won for e in episodes) / len(episodes) if episodes else nan,
-        "rollout/mean_turns": turns / len(episodes) if episodes else nan,
-        "align/first_action": sum(e.turns[0].check == "passed" for e in started) / len(started) if started else nan,
-        "align/full_trajectory": sum(e.fully_aligned for e in guided) / len(guided) if guided else nan,
-        "align/turn_coverage": sum(e.aligned_turns for e in guided) / turns if guided and turns else nan,
-        "fallback/rate": len(fallbacks) / len(guided) if guided else nan,
-        "fallback/mean_turn": sum(fallbacks) / len(fallbacks) if fallbacks else nan,
-        "rollout/nap_retries": sum(t.proposal is not None for e in episodes for t in e.turns),
+        "episodes": len(episodes), "won": sum(e.won for e in episodes), "turns": sum(e.num_turns for e in episodes),
+        "guided": len(guided), "started": len(started),
+        "first_aligned": sum(e.turns[0].check == "passed" for e in started),
+        "fully_aligned": sum(e.fully_aligned for e in guided), "aligned_turns": sum(e.aligned_turns for e in guided),
+        "fallbacks": len(fallbacks), "fallback_turns": sum(fallbacks),
+        "nap_retries": sum(t.proposal is not None for e in episodes for t in e.turns),
     }
+
+
+def rollout_rates(counts: dict[str, float]) -> dict[str, float]:
+    """Appendix F's rates from summed :func:`rollout_counts` (the latest ``ALIGNMENT_WINDOW`` rollout batches):
+    first-action and full-trajectory alignment over guided episodes, aligned-turn coverage over all executed turns,
+    the fallback rate and the mean turn of the first fallback, the rollouts' success rate and turns."""
+    c = counts
+
+    def ratio(num: str, den: str, when: bool = True) -> float:
+        return c[num] / c[den] if when and c[den] else float("nan")
+
+    return {
+        "rollout/success_rate": ratio("won", "episodes"),
+        "rollout/mean_turns": ratio("turns", "episodes"),
+        "align/first_action": ratio("first_aligned", "started"),
+        "align/full_trajectory": ratio("fully_aligned", "guided"),
+        "align/turn_coverage": ratio("aligned_turns", "turns", when=c["guided"] > 0),
+        "fallback/rate": ratio("fallbacks", "guided"),
+        "fallback/mean_turn": ratio("fallback_turns", "fallbacks"),
+        "rollout/nap_retries": c["nap_retries"],
+    }
+
+
+def rollout_metrics(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
+    """:func:`rollout_rates` of ``episodes`` alone."""
+    return rollout_rates(rollout_counts(episodes))
 
 
 class MetricsSink:

@@ -17,6 +17,7 @@ import dataclasses
 
 import torch
 
+from actfirst.parallel.context import reduce_max
 from actfirst.train.sample import Sample
 
 # The attention implementations whose masks honour position_ids restarts (transformers 5.x masking_utils).
@@ -116,6 +117,22 @@ def pack(samples: list[Sample], max_tokens: int) -> list[MicroBatch]:
             logp_old=torch.tensor([x for i in row for x in samples[i].logprobs], dtype=torch.float32),
             logp_teacher=teacher, sample_idx=torch.tensor(sample_idx, dtype=torch.long), samples=row))
     return out
+
+
+def empty_micro_batch() -> MicroBatch:
+    """A two-token row whose one scored position has mask 0: it adds nothing to a loss or a gradient. A rank runs
+    these when it has fewer micro-batches than another (see :func:`pad_across_ranks`)."""
+    zero = torch.zeros(1, dtype=torch.float32)
+    return MicroBatch(input_ids=torch.zeros(2, dtype=torch.long), position_ids=torch.arange(2), positions=
+                      torch.zeros(1, dtype=torch.long), targets=torch.zeros(1, dtype=torch.long), mask=zero,
+                      logp_old=zero, logp_teacher=zero, sample_idx=torch.zeros(1, dtype=torch.long), samples=[])
+
+
+def pad_across_ranks(micro_batches: list[MicroBatch]) -> list[MicroBatch]:
+    """``micro_batches`` followed by empty ones up to the most any rank has: under FSDP2 every forward and backward
+    is a collective, so every rank must run as many (a collective itself; every rank calls it)."""
+    most = int(reduce_max([len(micro_batches)])[0])
+    return micro_batches + [empty_micro_batch() for _ in range(most - len(micro_batches))]
 
 
 def final_hidden(model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tensor:

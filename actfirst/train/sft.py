@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.prompts import Mode, Step, build_prompt, render
-from actfirst.references import Reference, replay
+from actfirst.envs.base import Reference
+from actfirst.references import replay
 from actfirst.rollout.actions import ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE, THINK_OPEN
 from actfirst.train.packing import final_hidden, pack
 from actfirst.train.sample import Sample

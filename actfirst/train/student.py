@@ -12,6 +12,11 @@ rho = 1 at theta = theta_old. Inserted tokens (m = 0) stay in the context but co
 KL or auxiliary term is added (B.4). A batch is split into mini-batches (one AdamW step each, Eq. 32 over the
 mini-batch) and those into packed micro-batches (gradient accumulation; samples are never split, so each
 micro-batch's share of Eq. 32 is exact).
+
+With several ranks each holds its share of every mini-batch; |B| in Eq. 32 is the mini-batch over all ranks, and
+FSDP2 sums (does not average) the gradients, so an update on R ranks equals one on a single rank over the union of
+their samples. Every rank runs as many micro-batches (empty ones pad the shorter lists: every FSDP2 forward and
+backward is a collective), and the metrics are reduced over ranks: every rank returns the same global figures.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ import torch
 
 from actfirst.config import LossConfig, OptimConfig
 from actfirst.kernels.dispatch import logprob_gather, ppo_loss_from_hidden
-from actfirst.train.packing import MicroBatch, final_hidden, pack
+from actfirst.parallel.context import reduce_max, reduce_sum
+from actfirst.parallel.fsdp import total_grad_norm
+from actfirst.train.head import LMHeadModel
+from actfirst.train.packing import MicroBatch, pack, pad_across_ranks
 from actfirst.train.sample import Sample
 
 
@@ -43,22 +51,40 @@ def learning_rate(optim: OptimConfig, update: int, num_updates: int) -> float:
 
 
 @dataclasses.dataclass(slots=True)
+class Mismatch:
+    """|log pi_theta - log pi_old| at supervised tokens of samples of the current weight version: sum, count, max."""
+
+    total: float = 0.0
+    count: int = 0
+    max: float = 0.0
+
+    def add(self, diffs: torch.Tensor) -> None:
+        if diffs.numel():
+            self.total += float(diffs.sum())
+            self.count += diffs.numel()
+            self.max = max(self.max, float(diffs.max()))
+
+    def merge(self, other: Mismatch) -> None:
+        self.total, self.count, self.max = self.total + other.total, self.count + other.count, max(self.max, other.max)
+
+
+@dataclasses.dataclass(slots=True)
 class GradStats:
-    """What one forward/backward pass over a mini-batch measured (sums, to be combined over mini-batches)."""
+    """What this rank's forward/backward passes over its share of a mini-batch measured (sums)."""
 
     loss: float = 0.0
-    """Eq. 32 over the mini-batch."""
+    """This rank's share of Eq. 32 over the mini-batch (the shares sum to the mini-batch's loss)."""
     num_clipped: int = 0
     num_dual_clipped: int = 0
     num_tokens: int = 0
-    mismatch: list[torch.Tensor] = dataclasses.field(default_factory=list)
-    """|log pi_theta - log pi_old| at supervised tokens of the samples of weight version ``current_version``."""
+    mismatch: Mismatch = dataclasses.field(default_factory=Mismatch)
 
 
 class StudentUpdater:
-    """One B.4 update per call of :meth:`update`: AdamW, gradient-norm clipping, a per-update learning rate."""
+    """One B.4 update per call of :meth:`update` on this rank's share of the batch: AdamW on the (FSDP2-sharded)
+    student, gradient-norm clipping over all ranks, a per-update learning rate."""
 
-    def __init__(self, model: torch.nn.Module, *, optim: OptimConfig, loss: LossConfig, temperature: float,
+    def __init__(self, policy: LMHeadModel, *, optim: OptimConfig, loss: LossConfig, temperature: float,
                  num_updates: int, num_minibatches: int = 1, micro_batch_tokens: int = 8192) -> None:
         if not temperature > 0:
             raise ValueError(f"temperature={temperature!r}: must be > 0 (the sampling temperature)")
@@ -66,12 +92,12 @@ class StudentUpdater:
                             ("micro_batch_tokens", micro_batch_tokens)):
             if value < 1:
                 raise ValueError(f"{name}={value!r}: must be >= 1")
-        self.model = model
+        self.policy = policy
         self.optim_cfg, self.loss_cfg = optim, loss
         self.temperature = float(temperature)
         self.num_updates, self.num_minibatches = num_updates, num_minibatches
         self.micro_batch_tokens = micro_batch_tokens
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params = [p for p in policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=optim.lr, betas=tuple(optim.betas),
                                            weight_decay=optim.weight_decay)
         self.updates_done = 0
@@ -81,59 +107,75 @@ class StudentUpdater:
     def device(self) -> torch.device:
         return self.params[0].device
 
-    def accumulate_gradients(self, samples: list[Sample], current_version: int) -> GradStats:
-        """Forward and backward of Eq. 32 over ``samples`` (one mini-batch, |B| = len(samples)) in packed
-        micro-batches; gradients add into the parameters' ``.grad``."""
-        weight = self.model.get_output_embeddings().weight
+    def _micro_batches(self, samples: list[Sample]) -> list[MicroBatch]:
+        return [mb.to(self.device) for mb in pad_across_ranks(pack(samples, self.micro_batch_tokens))]
+
+    def accumulate_gradients(self, samples: list[Sample], current_version: int,
+                             num_samples: int | None = None) -> GradStats:
+        """Forward and backward of this rank's share of Eq. 32 (|B| = ``num_samples``, the mini-batch over all
+        ranks; default: ``len(samples)``, one rank) in packed micro-batches; gradients add into the parameters'
+        ``.grad`` (summed over ranks)."""
+        num_samples = len(samples) if num_samples is None else num_samples
         stats = GradStats()
-        for mb in pack(samples, self.micro_batch_tokens):
-            mb = mb.to(self.device)
-            loss, logp, clip_frac, dual_frac = ppo_loss_from_hidden(
-                final_hidden(self.model, mb), weight, mb.targets, mb.logp_old, mb.logp_teacher, mb.mask,
-                mb.sample_idx, len(samples), temperature=self.temperature, clip_eps=self.loss_cfg.clip_eps,
-                dual_clip=self.loss_cfg.dual_clip, eps=self.loss_cfg.eps)
+        cfg = self.loss_cfg
+        for mb in self._micro_batches(samples):
+            loss, logp, clip_frac, dual_frac = self.policy(mb, lambda hidden, weight, mb=mb: ppo_loss_from_hidden(
+                hidden, weight, mb.targets, mb.logp_old, mb.logp_teacher, mb.mask, mb.sample_idx, num_samples,
+                temperature=self.temperature, clip_eps=cfg.clip_eps, dual_clip=cfg.dual_clip, eps=cfg.eps))
             loss.backward()
             n_sup = int((mb.mask > 0).sum())
             stats.loss += float(loss.detach())
             stats.num_clipped += round(float(clip_frac) * n_sup)  # the ops return fractions of n_sup
             stats.num_dual_clipped += round(float(dual_frac) * n_sup)
-            stats.num_tokens += mb.num_tokens
-            stats.mismatch.append(self._mismatch(samples, mb, logp, current_version))
+            stats.num_tokens += mb.num_tokens if mb.samples else 0
+            stats.mismatch.add(self._mismatch(samples, mb, logp, current_version))
         return stats
 
     @torch.no_grad()
-    def _mismatch_only(self, samples: list[Sample], current_version: int) -> list[torch.Tensor]:
+    def _mismatch_only(self, samples: list[Sample], current_version: int) -> Mismatch:
         """|log pi_theta - log pi_old| without gradients (mini-batches after the first, before any step)."""
         current = [s for s in samples if s.weight_version == current_version]
-        weight = self.model.get_output_embeddings().weight
-        out = []
-        for mb in pack(current, self.micro_batch_tokens):
-            mb = mb.to(self.device)
-            logp, _ = logprob_gather(final_hidden(self.model, mb), weight, mb.targets, self.temperature)
-            out.append(self._mismatch(current, mb, logp, current_version))
+        out = Mismatch()
+        for mb in self._micro_batches(current):
+            logp, _ = self.policy(mb, lambda hidden, weight, mb=mb: logprob_gather(hidden, weight, mb.targets,
+                                                                                   self.temperature))
+            out.add(self._mismatch(current, mb, logp, current_version))
         return out
 
     @staticmethod
     def _mismatch(samples: list[Sample], mb: MicroBatch, logp: torch.Tensor, current_version: int) -> torch.Tensor:
+        if not mb.samples:  # padding
+            return torch.zeros(0, dtype=torch.float64)
         is_current = torch.tensor([s.weight_version == current_version for s in samples], device=logp.device)
         keep = (mb.mask > 0) & is_current[mb.sample_idx]
         return (logp.detach() - mb.logp_old)[keep].abs().double().cpu()
 
-    def update(self, samples: list[Sample], current_version: int) -> dict[str, float]:
-        """One update of B.4 over the batch ``samples`` (scored by the teacher); returns its metrics.
+    def _step(self, stats: GradStats) -> tuple[float, float, bool]:
+        """(mini-batch loss over all ranks, gradient norm before clipping, stepped): an AdamW step unless the loss or
+        the norm is not finite (every rank sees the same global figures, so all skip or all step)."""
+        loss = reduce_sum([stats.loss])[0]
+        norm = total_grad_norm(self.params)
+        if not (math.isfinite(loss) and math.isfinite(float(norm))):
+            return loss, float(norm), False
+        if self.optim_cfg.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.optim_cfg.grad_clip, norm)
+        self.optimizer.step()
+        return loss, float(norm), True
 
-        The batch is split, in order, into ``num_minibatches`` contiguous mini-batches, one AdamW step each. Metrics:
-        ``loss`` Eq. 32 over the batch (each mini-batch's at the parameters it was computed with); ``grad_norm``
-        the mean pre-clip norm over steps; ``clip_frac``/``dual_clip_frac`` over supervised tokens;
-        ``mismatch_mean``/``mismatch_max`` |log pi_theta - log pi_old| before the first step, over supervised tokens
-        of samples generated by ``current_version`` (NaN when none); ``skipped`` the steps skipped for a non-finite
-        loss or gradient norm (their gradients are discarded); ``teacher_minus_old`` the mean advantage (Eq. 29);
-        ``version_lag_mean`` the mean of current_version - weight_version; ``lr``, ``num_tokens``,
-        ``num_supervised``, ``update_s``.
+    def update(self, samples: list[Sample], current_version: int) -> dict[str, float]:
+        """One update of B.4 over the batch (this rank's ``samples``, scored by the teacher; every rank calls it);
+        returns the metrics of the whole batch over all ranks.
+
+        This rank's samples are split, in order, into ``num_minibatches`` contiguous mini-batches, one AdamW step
+        each (with every rank's same-numbered mini-batch). Metrics: ``loss`` Eq. 32 over the batch (each mini-batch's
+        at the parameters it was computed with); ``grad_norm`` the mean pre-clip norm over steps;
+        ``clip_frac``/``dual_clip_frac`` over supervised tokens; ``mismatch_mean``/``mismatch_max`` |log pi_theta -
+        log pi_old| before the first step, over supervised tokens of samples generated by ``current_version`` (NaN
+        when none); ``skipped`` the steps skipped for a non-finite loss or gradient norm (their gradients are
+        discarded); ``teacher_minus_old`` the mean advantage (Eq. 29); ``version_lag_mean`` the mean of
+        current_version - weight_version; ``lr``, ``num_tokens``, ``num_supervised``, ``update_s``.
         """
         start = time.perf_counter()
-        if len(samples) < self.num_minibatches:
-            raise ValueError(f"len(samples)={len(samples)}: fewer than num_minibatches={self.num_minibatches}")
         for i, s in enumerate(samples):
             if s.teacher_logprobs is None:
                 raise ValueError(f"teacher_logprobs=None for sample {i} (task {s.task!r}, turn {s.turn}): "
@@ -141,57 +183,67 @@ class StudentUpdater:
         lr = learning_rate(self.optim_cfg, self.updates_done, self.num_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        size, extra = divmod(len(samples), self.num_minibatches)
-        bounds = [0]
-        for k in range(self.num_minibatches):
-            bounds.append(bounds[-1] + size + (k < extra))
-        minibatches = [samples[a:b] for a, b in zip(bounds, bounds[1:])]
-        mismatch = [t for mb in minibatches[1:] for t in self._mismatch_only(mb, current_version)]
-        loss, clipped, dual = 0.0, 0, 0
-        grad_norms, skipped, num_tokens = [], 0, 0
+        minibatches = split_evenly(samples, self.num_minibatches)
+        sizes = reduce_sum([len(m) for m in minibatches])
+        if min(sizes) < 1:
+            raise ValueError(f"{int(sum(sizes))} samples over all ranks: fewer than num_minibatches="
+                             f"{self.num_minibatches}")
+        mismatch = Mismatch()
+        for minibatch in minibatches[1:]:
+            mismatch.merge(self._mismatch_only(minibatch, current_version))
+        loss, clipped, dual, tokens, norms, skipped = 0.0, 0, 0, 0, [], 0
         for k, minibatch in enumerate(minibatches):
             self.optimizer.zero_grad(set_to_none=True)
-            stats = self.accumulate_gradients(minibatch, current_version)
+            stats = self.accumulate_gradients(minibatch, current_version, int(sizes[k]))
             if k == 0:
-                mismatch += stats.mismatch
-            loss += stats.loss * len(minibatch) / len(samples)
-            clipped += stats.num_clipped
-            dual += stats.num_dual_clipped
-            num_tokens += stats.num_tokens
-            grads = [p.grad for p in self.params if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-            grad_norms.append(float(norm))
-            if not (math.isfinite(stats.loss) and math.isfinite(float(norm))):
-                skipped += 1
-            else:
-                if self.optim_cfg.grad_clip > 0:
-                    torch.nn.utils.clip_grads_with_norm_(self.params, self.optim_cfg.grad_clip, norm)
-                self.optimizer.step()
+                mismatch.merge(stats.mismatch)
+            step_loss, norm, stepped = self._step(stats)
+            loss += step_loss * sizes[k] / sum(sizes)
+            clipped, dual, tokens = clipped + stats.num_clipped, dual + stats.num_dual_clipped, tokens + stats.num_tokens
+            norms.append(norm)
+            skipped += not stepped
             self.optimizer.zero_grad(set_to_none=True)
         self.updates_done += 1
-        diffs = torch.cat(mismatch) if mismatch else torch.zeros(0, dtype=torch.float64)
+        return self._metrics(samples, current_version, lr, loss, norms, skipped, clipped, dual, tokens, mismatch,
+                             start)
+
+    def _metrics(self, samples: list[Sample], current_version: int, lr: float, loss: float, norms: list[float],
+                 skipped: int, clipped: int, dual: int, tokens: int, mismatch: Mismatch, start: float
+                 ) -> dict[str, float]:
+        """The update's figures over all ranks."""
         gaps = [t - o for s in samples for m, t, o in zip(s.loss_mask, s.teacher_logprobs, s.logprobs) if m]
-        n_sup = len(gaps)
+        lag = sum(current_version - s.weight_version for s in samples)
+        (n_sup, gap_sum, n_samples, lag_sum, clipped, dual, tokens, mism_sum, mism_n) = reduce_sum(
+            [len(gaps), sum(gaps), len(samples), lag, clipped, dual, tokens, mismatch.total, mismatch.count])
+        mism_max = reduce_max([mismatch.max])[0]
         return {
             "loss": loss,
-            "grad_norm": sum(grad_norms) / len(grad_norms),
+            "grad_norm": sum(norms) / len(norms),
             "clip_frac": clipped / n_sup if n_sup else 0.0,
             "dual_clip_frac": dual / n_sup if n_sup else 0.0,
-            "mismatch_mean": float(diffs.mean()) if diffs.numel() else math.nan,
-            "mismatch_max": float(diffs.max()) if diffs.numel() else math.nan,
+            "mismatch_mean": mism_sum / mism_n if mism_n else math.nan,
+            "mismatch_max": mism_max if mism_n else math.nan,
             "lr": lr,
             "skipped": float(skipped),
-            "num_tokens": float(num_tokens),
+            "num_tokens": float(tokens),
             "num_supervised": float(n_sup),
-            "teacher_minus_old": sum(gaps) / n_sup if n_sup else math.nan,
-            "version_lag_mean": sum(current_version - s.weight_version for s in samples) / len(samples),
+            "teacher_minus_old": gap_sum / n_sup if n_sup else math.nan,
+            "version_lag_mean": lag_sum / n_samples if n_samples else math.nan,
             "update_s": time.perf_counter() - start,
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """The optimizer and the schedule position (the model's weights are checkpointed by the caller)."""
-        return {"optimizer": self.optimizer.state_dict(), "updates_done": self.updates_done}
+        """The schedule position (the optimizer's sharded state is checkpointed with the model, by DCP)."""
+        return {"updates_done": self.updates_done}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
         self.updates_done = int(state["updates_done"])
+
+
+def split_evenly(samples: list[Sample], parts: int) -> list[list[Sample]]:
+    """``samples`` in order as ``parts`` contiguous lists whose sizes differ by at most one (the first ones longer)."""
+    size, extra = divmod(len(samples), parts)
+    bounds = [0]
+    for k in range(parts):
+        bounds.append(bounds[-1] + size + (k < extra))
+    return [samples[a:b] for a, b in zip(bounds, bounds[1:])]

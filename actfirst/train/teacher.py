@@ -4,6 +4,9 @@
 teacher and student on identical token ids, so the teacher must share the student's tokenizer; a different one is
 refused when the scorer is built. Scores are at temperature 1 (pi_phi itself), in packed micro-batches, through the
 fused ``logprob_gather`` (never [tokens x vocab] logits).
+
+With several ranks the teacher is either replicated (each rank scores its own samples alone) or sharded with FSDP2
+over the ranks (``parallel.teacher: shard``; every rank then runs as many scoring forwards, empty ones included).
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from actfirst.kernels.dispatch import logprob_gather
-from actfirst.train.packing import final_hidden, pack
+from actfirst.parallel.context import ParallelContext
+from actfirst.parallel.fsdp import apply_fsdp
+from actfirst.train.head import LMHeadModel
+from actfirst.train.packing import pack, pad_across_ranks
 from actfirst.train.sample import Sample
 
 
@@ -55,8 +61,10 @@ class TeacherScorer:
     """Loads the frozen teacher (eval, no gradients) and fills ``Sample.teacher_logprobs`` (B.4)."""
 
     def __init__(self, model_dir: str | Path, *, student_tokenizer: str | Path | PreTrainedTokenizerBase,
-                 dtype: str = "float32", micro_batch_tokens: int = 8192, device: str | torch.device | None = None
-                 ) -> None:
+                 dtype: str = "float32", micro_batch_tokens: int = 8192, device: str | torch.device | None = None,
+                 shard: ParallelContext | None = None) -> None:
+        """``shard``: FSDP2-shard the teacher over that context's ranks (every rank must then score together);
+        None: a whole copy on ``device`` (default: the GPU when there is one)."""
         if micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens={micro_batch_tokens!r}: must be >= 1")
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
@@ -69,23 +77,34 @@ class TeacherScorer:
             raise ValueError(f"teacher tokenizer ({self.model_dir}) differs from the student's ({student_name}): "
                              + "; ".join(diffs) + ". The teacher must score the student's exact token ids (B.4).")
         self.micro_batch_tokens = micro_batch_tokens
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
-        self.model.to(self.device).eval().requires_grad_(False)
+        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
+        model.eval().requires_grad_(False)
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.head = LMHeadModel(model)
+        self.sharded = shard is not None
+        if shard is not None:
+            self.device = shard.device
+            apply_fsdp(self.head, self.head.blocks, shard.mesh)
+        else:
+            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            self.head.to(self.device)
 
     @torch.no_grad()
     def score(self, samples: list[Sample]) -> None:
         """Set each sample's ``teacher_logprobs``: log pi_teacher(x_{b,j} | c_{b,j}) at temperature 1, every token."""
-        weight = self.model.get_output_embeddings().weight
         for i, s in enumerate(samples):
-            bad = [t for t in s.context_ids + s.response_ids if not 0 <= t < weight.shape[0]]
+            bad = [t for t in s.context_ids + s.response_ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"token id {bad[0]} of sample {i} (task {s.task!r}, turn {s.turn}) is outside the "
-                                 f"teacher's vocabulary [0, {weight.shape[0]}) ({self.model_dir})")
+                                 f"teacher's vocabulary [0, {self.vocab_size}) ({self.model_dir})")
         for s in samples:
             s.teacher_logprobs = None  # re-scored as a whole
-        for mb in pack(samples, self.micro_batch_tokens):
-            logp, _ = logprob_gather(final_hidden(self.model, mb.to(self.device)), weight, mb.targets.to(self.device))
+        micro_batches = pack(samples, self.micro_batch_tokens)
+        for mb in pad_across_ranks(micro_batches) if self.sharded else micro_batches:
+            mb = mb.to(self.device)
+            logp, _ = self.head(mb, lambda hidden, weight, mb=mb: logprob_gather(hidden, weight, mb.targets))
+            if not mb.samples:  # padding (a sharded teacher: another rank has more micro-batches)
+                continue
             parts = logp.cpu().split([len(samples[i].response_ids) for i in mb.samples])
             for i, part in zip(mb.samples, parts, strict=True):
                 samples[i].teacher_logprobs = part.tolist()

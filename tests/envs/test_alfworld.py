@@ -5,8 +5,8 @@ import shutil
 
 import pytest
 
-from actfirst.envs.alfworld_env import ALFWorldTask, ALFWorldTextEnv, alfworld_split, alfworld_tasks, walkthrough
-from actfirst.envs.alfworld_games import TASK_TYPES, generate_game, unseen_floor_plan
+from actfirst.envs.alfworld_env import ALFWorldTask, ALFWorldTextEnv, alfworld_tasks, walkthrough
+from actfirst.envs.alfworld_games import TASK_TYPES, alfworld_split, generate_game, unseen_floor_plan
 from actfirst.envs.checks import alfworld_check
 
 

@@ -15,7 +15,8 @@ from actfirst.envs.benchmarks import (BENCHMARKS, EnvSpec, config_path, get_benc
 from actfirst.envs.checks import SEARCH_MISMATCH_ALLOWED, CheckResult
 from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
 from actfirst.envs.workers import EnvPool
-from actfirst.references import Reference, build_references
+from actfirst.envs.base import Reference
+from actfirst.references import build_references
 
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
 

@@ -11,7 +11,8 @@ from actfirst.config import ALFWorldConfig, RolloutConfig, SchedulerConfig, Scie
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld_tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
-from actfirst.references import Reference, replay
+from actfirst.envs.base import Reference
+from actfirst.references import replay
 from actfirst.rollout.runner import RolloutRunner, episode_samples
 from actfirst.rollout.strategies import ActionSource, make_strategy
 from transformers import AutoTokenizer

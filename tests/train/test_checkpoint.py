@@ -26,6 +26,7 @@ from actfirst.train import checkpoint
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, restore_rng,
                                        save_checkpoint, truncate_metrics)
+from actfirst.train.head import LMHeadModel
 from actfirst.train.student import StudentUpdater
 
 REPO = Path(__file__).resolve().parents[2]
@@ -197,13 +198,15 @@ def tmp_entries(out: Path) -> set[str]:
 
 def test_checkpoint_is_a_hf_directory_and_trainer_state_round_trips(tmp_path, tiny, gen, vocab_size):
     model, tok = tiny
-    updater = StudentUpdater(model, optim=OptimConfig(lr=1e-3), loss=LossConfig(), temperature=1.0, num_updates=10)
+    updater = StudentUpdater(LMHeadModel(model), optim=OptimConfig(lr=1e-3), loss=LossConfig(), temperature=1.0,
+                             num_updates=10)
     updater.update(random_samples(gen, 4, vocab_size), current_version=0)
     buffer = SampleBuffer()
     buffer.add(random_samples(gen, 3, vocab_size, version=1, scored=False))
     counters = {"update": 1, "batch_index": 2, "total_transitions": 37, "weight_version": 1}
     path = save_checkpoint(tmp_path, update=1, model=model, tokenizer=tok, extra={"stream": [3, 1, 2]},
-                           trainer_state={"student": updater.state_dict(), "buffer": buffer.state_dict(), **counters})
+                           trainer_state={"student": updater.state_dict(), "optimizer": updater.optimizer.state_dict(),
+                                          "buffer": buffer.state_dict(), **counters})
     draws = (random.random(), np.random.rand(), torch.rand(3))
 
     assert path == tmp_path / "checkpoints" / "update_000001" == latest_checkpoint(tmp_path)
@@ -223,8 +226,10 @@ def test_checkpoint_is_a_hf_directory_and_trainer_state_round_trips(tmp_path, ti
 
     state = load_checkpoint(path)
     assert {k: state[k] for k in counters} == counters and state["extra"] == {"stream": [3, 1, 2]}
-    fresh = StudentUpdater(loaded, optim=OptimConfig(lr=1e-3), loss=LossConfig(), temperature=1.0, num_updates=10)
+    fresh = StudentUpdater(LMHeadModel(loaded), optim=OptimConfig(lr=1e-3), loss=LossConfig(), temperature=1.0,
+                           num_updates=10)
     fresh.load_state_dict(state["student"])
+    fresh.optimizer.load_state_dict(state["optimizer"])
     before, after = updater.optimizer.state_dict(), fresh.optimizer.state_dict()
     assert fresh.updates_done == 1 and before["param_groups"] == after["param_groups"]
     for i, s in before["state"].items():

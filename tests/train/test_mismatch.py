@@ -9,6 +9,7 @@ from transformers import AutoTokenizer, Qwen3ForCausalLM
 from actfirst.config import LossConfig, OptimConfig, SchedulerConfig
 from actfirst.engine.request import RequestKind, SamplingSpec
 from actfirst.train.sample import Sample
+from actfirst.train.head import LMHeadModel
 from actfirst.train.student import StudentUpdater
 
 pytestmark = pytest.mark.engine
@@ -46,8 +47,8 @@ def test_mismatch_on_engine_samples_and_one_update_moves_the_weights(engine, tin
     samples = generate_samples(engine, tokenizer, temperature, gen)
     model = Qwen3ForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     before = [p.detach().clone() for p in model.parameters()]
-    updater = StudentUpdater(model, optim=OptimConfig(lr=1e-4), loss=LossConfig(), temperature=temperature,
-                             num_updates=1)
+    updater = StudentUpdater(LMHeadModel(model), optim=OptimConfig(lr=1e-4), loss=LossConfig(),
+                             temperature=temperature, num_updates=1)
     m = updater.update(samples, current_version=engine.weight_version)
     print(f"T={temperature}: mismatch mean {m['mismatch_mean']:.3e} max {m['mismatch_max']:.3e} over "
           f"{int(m['num_supervised'])} tokens; loss {m['loss']:.4f} grad_norm {m['grad_norm']:.3f}")

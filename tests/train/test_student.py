@@ -11,6 +11,7 @@ from train_helpers import random_samples
 from transformers import Qwen3ForCausalLM
 
 from actfirst.config import LossConfig, OptimConfig
+from actfirst.train.head import LMHeadModel
 from actfirst.train.sample import Sample
 from actfirst.train.student import StudentUpdater, learning_rate
 
@@ -25,7 +26,8 @@ def model(tiny_model_dir):
 
 def updater(model, temperature=1.0, **kw):
     optim = kw.pop("optim", OptimConfig(lr=1e-3, grad_clip=0.0))
-    return StudentUpdater(model, optim=optim, loss=LossConfig(), temperature=temperature, num_updates=10, **kw)
+    return StudentUpdater(LMHeadModel(model), optim=optim, loss=LossConfig(), temperature=temperature,
+                          num_updates=10, **kw)
 
 
 def logprobs64(model64, sample, temperature):
@@ -222,9 +224,11 @@ def test_update_metrics_schedule_and_state_dict(model, gen):
     twin.load_state_dict(model.state_dict())
     resumed = updater(twin, optim=optim)
     saved = io.BytesIO()
-    torch.save(up.state_dict(), saved)  # like a checkpoint (state_dict() holds the live optimizer tensors)
+    torch.save({"updater": up.state_dict(), "optimizer": up.optimizer.state_dict()}, saved)  # like a checkpoint
     saved.seek(0)
-    resumed.load_state_dict(torch.load(saved))
+    state = torch.load(saved)
+    resumed.load_state_dict(state["updater"])
+    resumed.optimizer.load_state_dict(state["optimizer"])
     a, b = up.update(samples, current_version=5), resumed.update(samples, current_version=5)
     assert a["lr"] == b["lr"] == pytest.approx(1e-3) and a["loss"] == b["loss"]
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))

@@ -42,8 +42,8 @@ def test_scores_match_a_float64_forward(teacher_dir, tiny_model_dir, vocab_size,
         worst = max(worst, float((got - ref).abs().max()))
         torch.testing.assert_close(got, ref, atol=atol, rtol=0)
     print(f"teacher {dtype}: max |logp - float64 reference| = {worst:.2e}")
-    assert all(p.grad is None and not p.requires_grad for p in scorer.model.parameters())
-    assert not scorer.model.training
+    assert all(p.grad is None and not p.requires_grad for p in scorer.head.parameters())
+    assert not scorer.head.model.training
 
 
 def test_refuses_another_vocabulary(tiny_model_dir, tmp_path):

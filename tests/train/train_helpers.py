@@ -20,3 +20,64 @@ def random_samples(gen: torch.Generator, num: int, vocab: int, *, max_context: i
                           loss_mask=mask.tolist(), logprobs=old.tolist(), weight_version=version, task=f"t{i}",
                           turn=i, strategy="actfirst", teacher_logprobs=teacher.tolist() if scored else None))
     return out
+
+
+def free_port() -> int:
+    """A TCP port on the loopback interface that nothing listens on now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(fn, world_size: int, *args, timeout: float = 300.0) -> list:
+    """Run ``fn(*args)`` in ``world_size`` spawned processes with torchrun's environment (one rank each, over gloo
+    on the loopback interface); returns each rank's return value in rank order. A rank's exception fails the call
+    with its traceback."""
+    import io
+
+    procs, results = start_ranks(fn, world_size, *args)
+    out: dict[int, object] = {}
+    try:
+        for _ in procs:
+            rank, ok, value = results.get(timeout=timeout)
+            if not ok:
+                raise AssertionError(f"rank {rank} failed:\n{value}")
+            out[rank] = torch.load(io.BytesIO(value), weights_only=False)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+    assert not [p.exitcode for p in procs if p.exitcode], [p.exitcode for p in procs]
+    return [out[r] for r in range(world_size)]
+
+
+def start_ranks(fn, world_size: int, *args) -> tuple[list, object]:
+    """The started processes of :func:`spawn_ranks` and the queue their results arrive on."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    env = {"WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "OMP_NUM_THREADS": "1"}
+    procs = [ctx.Process(target=_rank_entry, args=(fn, rank, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                                   args, results)) for rank in range(world_size)]
+    for p in procs:
+        p.start()
+    return procs, results
+
+
+def _rank_entry(fn, rank: int, env: dict, args: tuple, results) -> None:
+    import io
+    import os
+    import traceback
+
+    os.environ.update(env)
+    try:
+        buffer = io.BytesIO()  # bytes, not tensors: a queued tensor lives in memory this process takes with it
+        torch.save(fn(*args), buffer)
+        results.put((rank, True, buffer.getvalue()))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        results.put((rank, False, traceback.format_exc()))

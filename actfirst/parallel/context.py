@@ -1,0 +1,130 @@
+"""The process group every rank joins, and the few collectives the trainer needs.
+
+A rank is one process: on a GPU node one per GPU (``cuda:<local rank>``), on a CPU one per process. Launched by
+torchrun, or by ``python -m actfirst.run`` through the same elastic launcher (``actfirst.parallel.launch``), a rank
+reads torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``); started any
+other way it is a world of one. The backend is gloo on the CPU and NCCL on GPUs; the small collectives below
+(metrics, Python objects) run on the CPU over a gloo group of the same ranks.
+
+vLLM's in-process engine joins this world rather than making its own: with several ranks it runs under vLLM's
+``external_launcher`` executor, tensor parallel 1, so every rank's engine generates on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+_CPU_GROUP: Any = None
+"""The gloo group of every rank that the helpers below use (None: the default group, gloo already)."""
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun (and the elastic launcher behind ``python -m actfirst.run``) sets for every rank."""
+
+
+def launched_as_rank() -> bool:
+    """Whether this process is one rank of a launched job (torchrun's environment is set)."""
+    return all(name in os.environ for name in TORCHRUN_VARS)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ParallelContext:
+    """This rank's place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    mesh: DeviceMesh
+    """The 1-D mesh FSDP2 shards over (every rank)."""
+
+    @property
+    def lead(self) -> bool:
+        """Rank 0 writes the metrics, evaluations, plots and the Hugging Face checkpoint."""
+        return self.rank == 0
+
+
+def init_parallel(timeout_s: float = 1800.0) -> ParallelContext:
+    """Join the job's process group (torchrun's environment) or make a world of one; returns this rank's context.
+
+    A world of one reuses a process group that already exists in this process (vLLM makes one when an engine starts
+    before training, as preparation does)."""
+    cuda = torch.cuda.is_available()
+    if launched_as_rank():
+        rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+    else:
+        rank, world, local = 0, 1, 0
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    global _CPU_GROUP
+    if not dist.is_initialized():
+        backend = "nccl" if cuda else "gloo"
+        timeout = datetime.timedelta(seconds=timeout_s)
+        if launched_as_rank():
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    elif dist.get_world_size() != world:
+        raise RuntimeError(f"a process group of {dist.get_world_size()} ranks exists already; this rank expects "
+                           f"WORLD_SIZE={world}")
+    if dist.get_backend() != "gloo":
+        _CPU_GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+    return ParallelContext(rank=rank, world_size=world, local_rank=local, device=device, mesh=mesh)
+
+
+def shutdown_parallel() -> None:
+    """Leave the process group (vLLM may have torn parts of it down already at engine shutdown)."""
+    global _CPU_GROUP
+    _CPU_GROUP = None
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def reduce_sum(values: list[float]) -> list[float]:
+    """Element-wise sums over ranks (float64 on the CPU: exact for counts below 2**53)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=_CPU_GROUP)
+    return t.tolist()
+
+
+def reduce_max(values: list[float]) -> list[float]:
+    """Element-wise maxima over ranks."""
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_CPU_GROUP)
+    return t.tolist()
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj, group=_CPU_GROUP)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=_CPU_GROUP)
+    return box[0]
+
+
+def barrier() -> None:
+    """Wait for every rank."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier(group=_CPU_GROUP)

@@ -1,0 +1,98 @@
+"""Peer watch: no rank is left waiting in a collective for a rank that is gone.
+
+On one node the elastic agent stops every rank as soon as one fails. Across nodes, and under NCCL, a rank whose
+peer died would wait in its next collective until the process group's timeout (default 30 minutes). So each rank
+runs a daemon thread on the job's TCP store (the rendezvous store torchrun gives every rank): it bumps this rank's
+heartbeat counter every ``interval_s``, and stops this process (exit status ``PEER_STOPPED_EXIT``) with a line
+naming the peer when another rank reported a failure (:meth:`PeerWatch.report_failure`, called by a rank that
+raises) or when the peer it watches (the next rank in a ring, a few store calls a second per rank) has not moved
+its counter for ``timeout_s`` (killed, or its machine gone): it then reports that peer's failure for everyone.
+Counters, not clocks, so nodes need not agree on the time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+
+import torch.distributed as dist
+
+from actfirst.parallel.launch import PEER_STOPPED_EXIT
+
+_PREFIX = "actfirst/peer_watch/"
+
+
+class PeerWatch:
+    """Heartbeats and failure notices of every rank through the job's store (see the module docstring)."""
+
+    def __init__(self, rank: int, world_size: int, *, timeout_s: float = 60.0, interval_s: float = 1.0) -> None:
+        if timeout_s <= interval_s:
+            raise ValueError(f"timeout_s={timeout_s!r}: must exceed interval_s={interval_s!r}")
+        self.rank, self.world_size = rank, world_size
+        self.timeout_s, self.interval_s = timeout_s, interval_s
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=datetime.timedelta(seconds=max(30.0, timeout_s)))
+        self.store = dist.PrefixStore(_PREFIX + os.environ.get("TORCHELASTIC_RUN_ID", "job"), store)
+        self.store.add(f"beat/{rank}", 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peer-watch", daemon=True)
+
+    def start(self) -> PeerWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop watching, and tell the peers that this rank's heartbeat stops for a good reason (a normal end)."""
+        if not self._stop.is_set():
+            self._stop.set()
+            try:
+                self.store.set(f"done/{self.rank}", "1")
+            except Exception:  # noqa: BLE001 - the store may be gone with the node that hosted it
+                pass
+
+    def report_failure(self, message: str) -> None:
+        """Tell every peer why the job fails (``message`` names the failed rank; the first report wins)."""
+        self._stop.set()
+        try:
+            self.store.compare_set("failed", "", message)
+        except Exception:  # noqa: BLE001 - the store may be gone with the node that hosted it
+            pass
+
+    def _run(self) -> None:
+        last: tuple[int, bytes | None, float] = (-1, None, time.monotonic())
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.store.add(f"beat/{self.rank}", 1)
+                if self.store.check(["failed"]):
+                    self._exit(self.store.get("failed").decode())
+                peer = self._watched_peer()
+                if peer is None:
+                    continue
+                now = time.monotonic()
+                value = self.store.get(f"beat/{peer}") if self.store.check([f"beat/{peer}"]) else None
+                rank, seen, since = last
+                last = (peer, value, since if (peer, value) == (rank, seen) else now)
+                if now - last[2] > self.timeout_s:
+                    why = f"rank {peer} stopped responding (no heartbeat for {now - last[2]:.0f} s)"
+                    self.report_failure(why)
+                    self._exit(why, force=True)
+            except dist.DistStoreError as error:  # the store went away: so did the node that hosted it
+                self._exit(f"the job's store is unreachable ({error})")
+
+    def _watched_peer(self) -> int | None:
+        """The next rank after this one (in a ring) that has not ended normally: every rank is watched by its
+        predecessor, and whoever sees a peer die tells everyone through ``failed``."""
+        for step in range(1, self.world_size):
+            peer = (self.rank + step) % self.world_size
+            if not self.store.check([f"done/{peer}"]):
+                return peer
+        return None
+
+    def _exit(self, why: str, force: bool = False) -> None:
+        if self._stop.is_set() and not force:
+            return
+        print(f"[rank {self.rank}] stopping: {why}", file=sys.stderr, flush=True)
+        os._exit(PEER_STOPPED_EXIT)

@@ -1,0 +1,37 @@
+"""A causal LM whose forward ends in an op on its final hidden states and its LM-head weight, never in logits.
+
+The fused ops (``actfirst.kernels.dispatch``) take the final hidden states and the head's weight and never form
+[tokens x vocab] logits. Under FSDP2 the head (and the embeddings it may be tied to) belongs to the root unit,
+whose parameters are whole only inside the root's forward: so the root is this module, and the op runs inside
+its forward. The same module serves the student's loss, the train-inference mismatch and the teacher's scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from actfirst.train.packing import MicroBatch, final_hidden
+
+HeadOp = Callable[[torch.Tensor, torch.Tensor], Any]
+"""``op(hidden [N, H], head weight [V, H])``: what a forward computes from the states that score its tokens."""
+
+
+class LMHeadModel(nn.Module):
+    """Wraps a Hugging Face causal LM (``model.model`` its decoder, ``model.model.layers`` its blocks)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    @property
+    def blocks(self) -> list[nn.Module]:
+        """The transformer layers (one FSDP2 unit each)."""
+        return list(self.model.model.layers)
+
+    def forward(self, micro_batch: MicroBatch, op: HeadOp) -> Any:
+        """``op`` on the final hidden states at ``micro_batch.positions`` and the LM-head weight."""
+        return op(final_hidden(self.model, micro_batch), self.model.get_output_embeddings().weight)

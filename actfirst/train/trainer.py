@@ -1,0 +1,542 @@
+"""The OPD trainer: environment -> rollout -> buffer -> teacher scoring -> update -> engine, on every rank.
+
+    python -m actfirst.run --config configs/train/<setting>.yaml [key=value ...] [--resume]   (prepares, then this)
+
+:meth:`Trainer.step` is one update (Appendix B.4, C.3), as named phases:
+
+1. ``collect_rollouts``: rollout batches of this rank's share of ``rollout.batch_tasks`` tasks until its FIFO buffer
+   holds its share of ``batch_samples`` full responses of the current or the immediately preceding weight version;
+2. ``score``: the frozen teacher scores every response token under the same context (fused log-prob gather);
+3. ``update``: the student takes its dual-clipped PPO steps on the batch of all ranks (Eq. 32 over the global batch);
+4. ``sync_weights``: each rank gathers the new full weights and loads them into its own engine, in this process;
+5. ``probe``, ``log``, ``checkpoint``, ``evaluate``.
+
+Each rank is one process with its own in-process vLLM engine, its environment workers, its shard of the student
+(FSDP2) and the teacher (replicated or sharded): ranks meet only in the update's collectives, the weight gather,
+the metrics reduction, the checkpoint and the evaluations (each rank plays its share of the episodes). Rank 0
+writes the metrics, evaluations, plots and the Hugging Face checkpoint.
+
+With ``overlap``, the next rollout batch is collected while scoring and the update run (in a thread; the engine
+keeps serving on the event loop), and the new weights enter the engine when that rollout batch ends, so nothing in
+flight is thrown away and the staleness rule bounds the lag to one version. With ``student.sleep_level`` the
+engine frees its GPU memory during scoring and the update instead.
+
+Evaluations (C.1, C.4: think-then-act, the evaluation budget, seeds 42/43/44) run before the first update, every
+``evaluation.every`` updates and after the last, on the training engines; their time is not training time.
+Checkpoints (``actfirst.train.state``) every ``checkpoint_every`` updates and after the last; ``--resume``
+continues from the latest one, losing at most the updates since it, on this or another number of ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import math
+import random
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+from actfirst.config import ConfigError, TrainConfig, to_dict
+from actfirst.engine.core import ActFirstEngine, RequestRecord, summarize_records
+from actfirst.engine.request import RequestKind, SamplingSpec
+from actfirst.envs.benchmarks import get_benchmark
+from actfirst.envs.workers import EnvPool
+from actfirst.eval import evaluate, merge_reports, pick_tasks
+from actfirst.eval_report import teacher_summary
+from actfirst.logs import route_vllm_logs
+from actfirst.parallel.context import (ParallelContext, all_gather_objects, broadcast_object, init_parallel,
+                                       reduce_max, reduce_sum)
+from actfirst.parallel.fsdp import apply_fsdp
+from actfirst.parallel.weight_sync import gathered_parameters
+from actfirst.references import load_references
+from actfirst.rollout.runner import RolloutBatch, RolloutRunner
+from actfirst.rollout.strategies import make_strategy
+from actfirst.train.buffer import SampleBuffer
+from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics
+from actfirst.train.head import LMHeadModel
+from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
+from actfirst.train.plots import plot_training_curve, read_records
+from actfirst.train.sample import Sample
+from actfirst.train.state import load_training_checkpoint, save_training_checkpoint
+from actfirst.train.student import StudentUpdater
+from actfirst.train.teacher import TeacherScorer
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+RESUMABLE_CHANGES = ("num_updates", "checkpoint_every", "keep_checkpoints", "probe_every", "evaluation", "prepare",
+                     "parallel", "vllm_console_level")
+"""Config keys a resumed run may change; any other difference from the checkpointed run is refused."""
+ENGINE_PROBE = "The same weights give the same log-probs on every rank."
+"""The prompt each rank's engine answers after a weight sync (with several ranks): the engines must agree."""
+
+
+@dataclasses.dataclass(slots=True)
+class TrainResult:
+    """What a finished run reports (every rank returns the same)."""
+
+    out_dir: Path
+    num_updates: int
+    wall_s: float
+    """Process-level training time: initialization to shutdown (Appendix C.3), evaluation excluded."""
+    num_transitions: int
+    weight_version: int
+    probe_gaps: list[float]
+    evals: list[dict[str, Any]]
+    """The run's evaluations (``evals.jsonl``), the runs before a resume included."""
+
+
+def train(cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
+    """Train ``cfg`` as this process's rank (torchrun's environment; otherwise a world of one)."""
+    return Trainer(cfg, init_parallel(), resume=resume).train()
+
+
+class TaskStream:
+    """This rank's training tasks, reshuffled every pass, handed out one rollout batch at a time."""
+
+    def __init__(self, tasks: list[Any], seed: int) -> None:
+        if not tasks:
+            raise ValueError("no training tasks for this rank")
+        self.tasks, self.rng, self.queue = tasks, random.Random(seed), deque()
+
+    def next(self, n: int) -> list[Any]:
+        while len(self.queue) < n:
+            order = list(self.tasks)
+            self.rng.shuffle(order)
+            self.queue.extend(order)
+        return [self.queue.popleft() for _ in range(n)]
+
+    def state_dict(self, key) -> dict[str, Any]:
+        """The shuffle's RNG state and the tasks still queued (by ``key(task)``)."""
+        return {"rng": self.rng.getstate(), "queue": [key(t) for t in self.queue]}
+
+    def load_state_dict(self, state: dict[str, Any], key) -> None:
+        by_key = {key(t): t for t in self.tasks}
+        version, internal, gauss = state["rng"]
+        self.rng.setstate((version, tuple(internal), gauss))
+        self.queue = deque(by_key[k] for k in state["queue"])
+
+
+def share(total: int, rank: int, world_size: int) -> int:
+    """Rank ``rank``'s part of ``total`` items dealt round-robin over ``world_size`` ranks."""
+    return len(range(rank, total, world_size))
+
+
+@dataclasses.dataclass(slots=True)
+class UpdateStats:
+    """What one update's rollouts did on this rank."""
+
+    rollout_s: float = 0.0
+    transitions: int = 0
+    batches: int = 0
+    failures: list[str] = dataclasses.field(default_factory=list)
+    overlapped: bool = False
+
+
+class Trainer:
+    """One rank of a training run (see the module docstring); :meth:`train` runs it to the end."""
+
+    def __init__(self, cfg: TrainConfig, ctx: ParallelContext, *, resume: bool) -> None:
+        self.cfg, self.ctx, self.resume = cfg, ctx, resume
+        self.out_dir = Path(cfg.out_dir)
+        self.started = time.perf_counter()
+        self.eval_s = 0.0
+        self._check_layout()
+        self.checkpoint = self._resume_point()
+        self.benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
+        self.strategy = make_strategy(cfg.rollout.strategy)
+        self.tasks = cfg.training_tasks(self.benchmark)[ctx.rank::ctx.world_size]
+        self.references = self._references()
+        self.model_dir = str(self.checkpoint) if self.checkpoint is not None else cfg.student.model
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.buffer = SampleBuffer()
+        self.stream = TaskStream(self.tasks, cfg.seed + ctx.rank)
+        self.batch_tasks = share(cfg.rollout.batch_tasks, ctx.rank, ctx.world_size)
+        self.quota = cfg.batch_samples // ctx.world_size
+        """Full responses this rank contributes to every update."""
+        self.probe_contexts: list[list[int]] = []
+        self.probe_gaps: list[float] = []
+        self.recent: deque[dict[str, float]] = deque(maxlen=ALIGNMENT_WINDOW)  # Appendix F's window, counts
+        self.total_transitions, self.batch_index, self.first_update, self.elapsed_before = 0, 0, 1, 0.0
+        self.pending: asyncio.Future | None = None
+        self.engine: ActFirstEngine | None = None
+        self.sink: MetricsSink | None = None
+
+    # -- setup ----------------------------------------------------------------------------------------------------
+
+    def _check_layout(self) -> None:
+        """Refuse a batch that does not divide over the ranks (by key and value, before anything is loaded)."""
+        cfg, world = self.cfg, self.ctx.world_size
+        if cfg.batch_samples % (world * cfg.num_minibatches):
+            raise ConfigError(f"batch_samples={cfg.batch_samples}: must be a multiple of the ranks ({world}) x "
+                              f"num_minibatches ({cfg.num_minibatches}), so that every optimizer step takes an equal "
+                              f"share from every rank")
+        if cfg.rollout.batch_tasks < world:
+            raise ConfigError(f"rollout.batch_tasks={cfg.rollout.batch_tasks}: fewer than the {world} ranks (each "
+                              f"rank plays its share of every rollout batch)")
+
+    def _resume_point(self) -> Path | None:
+        """The checkpoint to continue from (``--resume``), after checking that the run may start here."""
+        checkpoint = latest_checkpoint(self.out_dir) if self.resume else None
+        if self.resume and checkpoint is None and self.ctx.lead:
+            print(f"resume: no checkpoint in {self.out_dir}; starting from update 1", flush=True)
+        if checkpoint is None and not self.resume and (self.out_dir / "metrics.jsonl").exists():
+            raise FileExistsError(f"out_dir={str(self.out_dir)!r} holds a run's metrics.jsonl: pass --resume to "
+                                  f"continue it, or choose another out_dir")
+        return checkpoint
+
+    def _references(self) -> dict | None:
+        if not self.strategy.uses_references:
+            return None
+        references = load_references(self.cfg.references)
+        missing = [k for k in map(self.benchmark.task_key, self.tasks) if k not in references]
+        if missing:
+            raise ValueError(f"references={self.cfg.references!r}: no reference for {len(missing)} of "
+                             f"{len(self.tasks)} training tasks, e.g. {missing[:5]}")
+        return references
+
+    def _build_engine(self) -> ActFirstEngine:
+        """This rank's engine (first: on a GPU vLLM takes its share of memory before the trainer's models)."""
+        route_vllm_logs(self.out_dir / "logs" / f"vllm_rank{self.ctx.rank}.log", self.cfg.vllm_console_level)
+        engine_cfg = dataclasses.replace(self.cfg.student, model=self.model_dir)
+        return ActFirstEngine.from_config(engine_cfg, self.cfg.scheduler, world_size=self.ctx.world_size)
+
+    def _build_models(self) -> None:
+        """The frozen teacher (its tokenizer checked first) and the student's FSDP2 shard with its updater."""
+        cfg, ctx = self.cfg, self.ctx
+        self.teacher = TeacherScorer(cfg.teacher, student_tokenizer=self.tokenizer, dtype=cfg.teacher_dtype,
+                                     micro_batch_tokens=cfg.micro_batch_tokens, device=ctx.device,
+                                     shard=ctx if cfg.parallel.teacher == "shard" else None)
+        student = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)  # the master weights
+        student.train()
+        self.policy = LMHeadModel(student)
+        apply_fsdp(self.policy, self.policy.blocks, ctx.mesh, param_dtype=_DTYPES[cfg.parallel.compute_dtype])
+        self.updater = StudentUpdater(self.policy, optim=cfg.optim, loss=cfg.loss, temperature=cfg.rollout.temperature,
+                                      num_updates=cfg.num_updates, num_minibatches=cfg.num_minibatches,
+                                      micro_batch_tokens=cfg.micro_batch_tokens)
+
+    def _restore(self) -> None:
+        """Continue from ``self.checkpoint``: optimizer (resharded), schedule, counters, and this rank's state."""
+        trainer_state, rank_states = load_training_checkpoint(self.checkpoint, ctx=self.ctx, policy=self.policy,
+                                                              optimizer=self.updater.optimizer)
+        _check_resumable(trainer_state["config"], to_dict(self.cfg))
+        self.updater.load_state_dict(trainer_state["updater"])
+        self.probe_gaps = list(trainer_state["probe_gaps"])
+        self.total_transitions = trainer_state["total_transitions"]
+        self.first_update, self.elapsed_before = trainer_state["update"] + 1, trainer_state["elapsed_s"]
+        self.engine.weight_version = trainer_state["weight_version"]  # the engine loaded the checkpoint's weights
+        if len(rank_states) == 1:  # the same ranks: this rank's state exactly
+            state = rank_states[0]
+            self.buffer.load_state_dict(state["buffer"])
+            self.stream.load_state_dict(state["tasks"], self.benchmark.task_key)
+            self.probe_contexts, self.batch_index = state["probe_contexts"], state["batch_index"]
+            self.recent.extend(state["recent"])
+            restore_rng(state)
+        else:
+            self._redeal(rank_states, trainer_state["update"])
+        if self.ctx.lead:
+            ranks = trainer_state["world_size"]
+            moved = f"; {ranks} -> {self.ctx.world_size} ranks" if ranks != self.ctx.world_size else ""
+            print(f"resume: {self.checkpoint} (update {trainer_state['update']}, weight version "
+                  f"{self.engine.weight_version}){moved}", flush=True)
+
+    def _redeal(self, rank_states: list[dict[str, Any]], update: int) -> None:
+        """Resume on another number of ranks (see ``actfirst.train.state``)."""
+        rank, world = self.ctx.rank, self.ctx.world_size
+        pooled = [s for state in rank_states for s in state["buffer"]["samples"]]
+        self.buffer.load_state_dict({"samples": pooled[rank::world], "num_added": 0, "num_consumed": 0,
+                                     "num_dropped": 0})
+        contexts = [c for state in rank_states for c in state["probe_contexts"]]
+        self.probe_contexts = contexts[rank::world]
+        self.batch_index = max(state["batch_index"] for state in rank_states)
+        seed = (self.cfg.seed * 1_000_003 + rank * 7_919 + update) % (1 << 31)
+        self.stream = TaskStream(self.tasks, seed)
+        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+
+    def _open_outputs(self) -> None:
+        """Rank 0: the config, the metrics sink, and on resume the series cut back to the checkpoint."""
+        if not self.ctx.lead:
+            return
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        (self.out_dir / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=1, default=str))
+        if self.resume:  # drop what the updates after the checkpoint (or before any checkpoint) logged
+            truncate_metrics(self.out_dir / "metrics.jsonl", self.first_update - 1)
+            truncate_metrics(self.out_dir / "evals.jsonl", self.first_update - 1)
+        self.sink = MetricsSink(self.out_dir)
+
+    def elapsed(self) -> float:
+        """Training wall-clock so far, the runs before a resume included, evaluation excluded."""
+        return self.elapsed_before + time.perf_counter() - self.started - self.eval_s
+
+    # -- the run ----------------------------------------------------------------------------------------------------
+
+    def train(self) -> TrainResult:
+        """Run the updates this run has not done yet; every rank returns the same result."""
+        return asyncio.run(self._train())
+
+    async def _train(self) -> TrainResult:
+        torch.manual_seed(self.cfg.seed + self.ctx.rank)
+        hf_logging.disable_progress_bar()  # the console is the updates' progress bar and lines
+        self.engine = self._build_engine()
+        self._build_models()
+        if self.checkpoint is not None:
+            self._restore()
+        self._open_outputs()
+        self.teacher_sr = (teacher_summary(self.cfg.teacher) or {}).get("SR", {}).get("mean")
+        self.eval_tasks = (pick_tasks(self.benchmark, self.benchmark.tasks(self.cfg.evaluation.split),
+                                      self.cfg.evaluation.tasks) if self.cfg.evaluation is not None else [])
+        bar = tqdm(total=self.cfg.num_updates, initial=self.first_update - 1, desc="updates", unit="update",
+                   disable=not self.ctx.lead, dynamic_ncols=True)
+        try:
+            with EnvPool(self.benchmark.env_spec(), size=self.batch_tasks,
+                         call_timeout_s=self.cfg.rollout.env_timeout_s) as pool:
+                self.pool = pool
+                self.runner = RolloutRunner(engine=self.engine, tokenizer=self.tokenizer, benchmark=self.benchmark,
+                                            pool=pool, strategy=self.strategy, cfg=self.cfg.rollout,
+                                            references=self.references, seed=self.cfg.seed * 7919 + self.ctx.rank)
+                await self.evaluate(self.first_update - 1, on_start=True)
+                for update in range(self.first_update, self.cfg.num_updates + 1):
+                    await self.step(update)
+                    bar.update(1)
+                if self.ctx.lead:
+                    plot_training_curve(self.out_dir, teacher_sr=self.teacher_sr)
+        finally:
+            if self.pending is not None:
+                self.pending.cancel()
+            bar.close()
+            if self.sink is not None:
+                self.sink.close()
+            await self.engine.shutdown()
+        evals = read_records(self.out_dir / "evals.jsonl") if self.ctx.lead else []
+        return TrainResult(self.out_dir, self.cfg.num_updates, self.elapsed(), self.total_transitions,
+                           self.engine.weight_version, self.probe_gaps, evals)
+
+    async def step(self, update: int) -> None:
+        """One update, phase by phase (see the module docstring)."""
+        clock = time.perf_counter()
+        tokens_before = (self.engine.num_generated_tokens, self.engine.num_discarded_tokens, self.buffer.num_dropped)
+        stats = UpdateStats()
+        samples = await self.collect_rollouts(stats)
+        metrics = await self.score_and_update(samples)
+        version = await self.sync_weights(metrics, stats)
+        wall = time.perf_counter() - clock
+        records, self.engine.records = self.engine.records, []  # this update's queue statistics (not the probe's)
+        metrics.update(await self.probe(update))
+        self.log(update, metrics, stats, version, wall, records, tokens_before)
+        self.save_checkpoint(update)
+        await self.evaluate(update)
+
+    # -- 1. rollouts ----------------------------------------------------------------------------------------------
+
+    async def collect_rollouts(self, stats: UpdateStats) -> list[Sample]:
+        """Rollout batches until this rank's buffer holds its share of the update's batch (current or preceding
+        weight version); with ``overlap``, the next rollout batch starts before returning."""
+        version = self.engine.weight_version
+        while self.buffer.num_eligible(version) < self.quota:
+            batch, self.pending = await (self.pending or self._start_batch()), None
+            self._finish_batch(batch, stats)
+        samples = self.buffer.take(self.quota, version)
+        if self.cfg.overlap and self.buffer.num_eligible(version + 1) < self.quota:
+            self.pending, stats.overlapped = self._start_batch(), True  # collected while the update runs
+        return samples
+
+    def _start_batch(self) -> asyncio.Future:
+        self.batch_index += 1
+        return asyncio.ensure_future(self.runner.run_batch(self.stream.next(self.batch_tasks), self.batch_index))
+
+    def _finish_batch(self, batch: RolloutBatch, stats: UpdateStats) -> None:
+        self.buffer.add(batch.samples)
+        self.recent.append(rollout_counts(batch.episodes))
+        stats.rollout_s += batch.wall_s
+        stats.transitions += batch.num_transitions
+        stats.batches += 1
+        stats.failures += [f"{e.task}: {e.failure}" for e in batch.episodes if e.failure]
+        want = share(self.cfg.probe_contexts, self.ctx.rank, self.ctx.world_size)
+        if not self.probe_contexts and want:  # spread over the first batch's episodes and turns
+            step = max(1, len(batch.samples) // want)
+            self.probe_contexts = [s.context_ids for s in batch.samples[::step][:want]]
+
+    # -- 2-3. teacher scoring and the update ------------------------------------------------------------------------
+
+    async def score_and_update(self, samples: list[Sample]) -> dict[str, float]:
+        """The teacher scores the batch, the student takes its steps (every rank together); with ``overlap`` in a
+        thread while the event loop keeps serving the rollout batch in flight."""
+        if self.cfg.student.sleep_level:
+            self.engine.sleep()
+
+        def work() -> dict[str, float]:
+            t0 = time.perf_counter()
+            self.teacher.score(samples)
+            t1 = time.perf_counter()
+            metrics = self.updater.update(samples, self.engine.weight_version)
+            return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1}
+
+        return await asyncio.to_thread(work) if self.cfg.overlap else work()
+
+    # -- 4. weight sync ---------------------------------------------------------------------------------------------
+
+    async def sync_weights(self, metrics: dict[str, float], stats: UpdateStats) -> int:
+        """The new weights into this rank's engine (with overlap: once the rollout batch in flight has ended). When
+        every step was skipped (a non-finite loss or gradient) the weights did not change and stay, unless the
+        engine slept (then they are reloaded: its memory held none)."""
+        if self.pending is not None:
+            batch, self.pending = await self.pending, None
+            self._finish_batch(batch, stats)
+        t0 = time.perf_counter()
+        if metrics["skipped"] >= self.cfg.num_minibatches and not self.engine.asleep:
+            if self.ctx.lead:
+                tqdm.write("every step was skipped (non-finite loss or gradient); the weights stay")
+            return self.engine.weight_version
+        version = self.engine.update_weights(gathered_parameters(
+            self.policy.model, dtype=_DTYPES[self.cfg.student.dtype],
+            bucket_bytes=self.cfg.parallel.sync_bucket_mb << 20))
+        metrics["sync_s"] = time.perf_counter() - t0
+        if self.ctx.world_size > 1:
+            metrics["sync/engine_logprob_spread"] = await self._engine_spread()
+        return version
+
+    async def _engine_spread(self) -> float:
+        """Largest difference between any rank's engine and rank 0's on a fixed probe (same sampled tokens and
+        log-probs when the engines hold the same weights); infinite when the sampled tokens differ."""
+        prompt = self.tokenizer.encode(ENGINE_PROBE, add_special_tokens=False)
+        result = await self.engine.generate(prompt, RequestKind.FULL_RESPONSE,
+                                            SamplingSpec(max_tokens=8, temperature=1.0, seed=12_345, ignore_eos=True))
+        answers = all_gather_objects((result.token_ids, result.logprobs))
+        tokens, logps = answers[0]
+        spread = [math.inf if t != tokens else max(abs(a - b) for a, b in zip(lp, logps)) for t, lp in answers]
+        return max(spread)
+
+    # -- 5. probe, log, checkpoint, evaluate ------------------------------------------------------------------------
+
+    async def probe(self, update: int) -> dict[str, float]:
+        """Teacher-minus-student log-prob gap of fresh full responses at fixed contexts (every ``probe_every``
+        updates and the last), over every rank's contexts: an estimate of -KL(student || teacher) there (Eq. 4-5)."""
+        cfg = self.cfg
+        if not cfg.probe_contexts or not (update % cfg.probe_every == 0 or update == cfg.num_updates):
+            return {}
+        responses = await asyncio.gather(*(self.runner.full_response(c, seed=10_007 + 97 * self.ctx.rank + i)
+                                           for i, c in enumerate(self.probe_contexts)))
+        samples = [r.to_sample(c, task="probe", turn=0, strategy="probe")
+                   for c, (r, _) in zip(self.probe_contexts, responses)]
+        self.teacher.score(samples)
+        diffs = [t - s for x in samples for t, s, m in zip(x.teacher_logprobs, x.logprobs, x.loss_mask) if m]
+        total, count = reduce_sum([sum(diffs), len(diffs)])
+        self.engine.records.clear()
+        gap = total / count if count else math.nan
+        self.probe_gaps.append(gap)
+        return {"probe/gap": gap}
+
+    def log(self, update: int, metrics: dict[str, float], stats: UpdateStats, version: int, wall: float,
+            records: list[RequestRecord], before: tuple[int, int, int]) -> None:
+        """Reduce this update's figures over the ranks; rank 0 writes the metrics line and the terminal line."""
+        generated = self.engine.num_generated_tokens - before[0]
+        discarded = self.engine.num_discarded_tokens - before[1]
+        keys = sorted(rollout_counts([]))  # the same on every rank, whatever its window holds
+        window = {k: sum(c[k] for c in self.recent) for k in keys}
+        sums = reduce_sum([stats.transitions, stats.batches, generated, discarded, len(self.buffer),
+                           self.buffer.num_dropped - before[2], *[window[k] for k in keys]])
+        transitions, batches, generated, discarded, buffered, dropped = (int(x) for x in sums[:6])
+        slowest = reduce_max([stats.rollout_s, wall])
+        per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
+                                       "failures": stats.failures, "records": records})
+        self.total_transitions += transitions
+        if not self.ctx.lead:
+            return
+        failures = [f"rank {r}: {f}" if self.ctx.world_size > 1 else f for r, p in enumerate(per_rank)
+                    for f in p["failures"]]
+        record = {
+            **metrics, **rollout_rates(dict(zip(keys, sums[6:]))),
+            "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,
+            "overlapped": stats.overlapped, "update_wall_s": slowest[1], "elapsed_s": self.elapsed(),
+            "env_steps_per_s": transitions / slowest[1] if slowest[1] > 0 else math.nan,
+            "transitions": transitions, "total_transitions": self.total_transitions,
+            "failed_episodes": len(failures), "failures": failures,
+            "generated_tokens": generated, "discarded_tokens": discarded,
+            "discarded_frac": discarded / generated if generated else 0.0,
+            "buffer/size": buffered, "buffer/dropped": dropped, "world_size": self.ctx.world_size,
+            "queue": summarize_records([r for p in per_rank for r in p["records"]]),
+        }
+        if self.ctx.world_size > 1:
+            record["ranks"] = {"rollout_s": [p["rollout_s"] for p in per_rank],
+                               "transitions": [p["transitions"] for p in per_rank]}
+        self.sink.log(update, record)
+        tqdm.write(summary_line(update, record))
+        for failure in failures:
+            tqdm.write(f"  episode failed: {failure}")
+
+    def save_checkpoint(self, update: int) -> None:
+        """Every ``checkpoint_every`` updates and after the last (after the metrics: a kill between the two loses
+        the update, never a line of the series)."""
+        cfg = self.cfg
+        if not (update % cfg.checkpoint_every == 0 or update == cfg.num_updates):
+            return
+        trainer_state = {
+            "update": update, "config": to_dict(cfg), "updater": self.updater.state_dict(),
+            "weight_version": self.engine.weight_version, "probe_gaps": self.probe_gaps,
+            "total_transitions": self.total_transitions, "elapsed_s": self.elapsed()}
+        rank_state = {
+            "buffer": self.buffer.state_dict(), "tasks": self.stream.state_dict(self.benchmark.task_key),
+            "probe_contexts": self.probe_contexts, "batch_index": self.batch_index, "recent": list(self.recent),
+            "rng": rng_state()}
+        save_training_checkpoint(self.out_dir, update=update, keep=cfg.keep_checkpoints, ctx=self.ctx,
+                                 policy=self.policy, optimizer=self.updater.optimizer, tokenizer=self.tokenizer,
+                                 trainer_state=trainer_state, rank_state=rank_state)
+
+    async def evaluate(self, update: int, on_start: bool = False) -> None:
+        """Evaluate the engines' current weights when due (every rank plays its share of the episodes); rank 0
+        stores the report, appends to ``evals.jsonl`` and redraws the training curve. ``on_start``: the evaluation
+        of the starting weights, or the one a kill interrupted."""
+        spec = self.cfg.evaluation
+        if spec is None or not self._eval_due(update):
+            return
+        if on_start and broadcast_object(self.ctx.lead and update in {
+                r["update"] for r in read_records(self.out_dir / "evals.jsonl")}):
+            return  # already evaluated (a resume after the evaluation's record)
+        t0 = time.perf_counter()
+        if self.ctx.lead:
+            tqdm.write(f"evaluation at update {update}: {len(self.eval_tasks)} tasks x seeds {spec.seeds}")
+        report = await evaluate(self.engine, self.tokenizer, self.benchmark, self.eval_tasks, seeds=spec.seeds,
+                                rollout=self.cfg.rollout, max_in_flight=spec.max_in_flight, progress=False,
+                                pool=self.pool, shard=(self.ctx.rank, self.ctx.world_size))
+        parts = all_gather_objects(report)
+        self.engine.records.clear()  # the evaluation's requests are not the next update's queue statistics
+        wall = reduce_max([time.perf_counter() - t0])[0]
+        self.eval_s += wall
+        if self.ctx.lead:
+            self._record_evaluation(update, merge_reports(parts, self.benchmark), wall)
+
+    def _eval_due(self, update: int) -> bool:
+        spec = self.cfg.evaluation
+        return ((update == 0 and spec.before) or update == self.cfg.num_updates
+                or (spec.every > 0 and update > 0 and update % spec.every == 0))
+
+    def _record_evaluation(self, update: int, report: Any, wall: float) -> None:
+        report.meta.update({"update": update, "weight_version": self.engine.weight_version,
+                            "split": self.cfg.evaluation.split, "world_size": self.ctx.world_size})
+        name = f"evals/update_{update:06d}.json"
+        (self.out_dir / "evals").mkdir(exist_ok=True)
+        (self.out_dir / name).write_text(report.to_json())
+        summary = report.summary()
+        row = {"update": update, "elapsed_s": self.elapsed(), "eval_wall_s": wall, "report": name, "summary": summary}
+        with (self.out_dir / "evals.jsonl").open("a") as f:
+            f.write(json.dumps(row, default=str) + "\n")
+        lo, hi = summary["SR_ci95_pooled"]
+        tqdm.write(f"evaluation at update {update}: SR {summary['SR']['mean']:.1f} ± {summary['SR']['sd']:.1f} "
+                   f"(95% CI [{lo:.1f}, {hi:.1f}], {summary['episodes']} episodes) in {wall:.0f} s")
+        plot_training_curve(self.out_dir, teacher_sr=self.teacher_sr)
+
+
+def _check_resumable(saved: dict[str, Any], current: dict[str, Any]) -> None:
+    """Refuse to resume a run under a different config (a different strategy, benchmark, model...)."""
+    differ = [k for k in sorted(set(saved) | set(current))
+              if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k)]
+    if differ:
+        raise ValueError(f"resume: the config differs from the checkpointed run's in {differ} (only "
+                         f"{list(RESUMABLE_CHANGES)} may change); use another out_dir for a new run")
