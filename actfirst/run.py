@@ -91,7 +91,7 @@ def launch(args: argparse.Namespace) -> int:
                                          "prepare_stages_s": timings})
     if nproc == 1:
         return run_rank(args, cfg)
-    return launch_ranks(nproc, "actfirst.run", rank_argv(args))
+    return launch_ranks(nproc, ["-m", "actfirst.run", *rank_argv(args)])
 
 
 def rank_argv(args: argparse.Namespace) -> list[str]:

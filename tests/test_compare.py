@@ -157,8 +157,11 @@ def test_main_trains_each_strategy_then_compares(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setitem(sys.modules, "actfirst.run", types.SimpleNamespace(load_run_config=load_run_config))
     monkeypatch.setitem(sys.modules, "actfirst.prepare", types.SimpleNamespace(
-        ensure_prepared=lambda cfg: calls.append(("prepare", cfg.strategy)),
-        teacher_summary=lambda teacher: eval_summary([7, 7], 10, "alfworld") if teacher == "T" else None))
+        ensure_prepared=lambda cfg: calls.append(("prepare", cfg.strategy))))
+    import actfirst.eval_report
+
+    monkeypatch.setattr(actfirst.eval_report, "teacher_summary",
+                        lambda teacher: eval_summary([7, 7], 10, "alfworld") if teacher == "T" else None)
     monkeypatch.setitem(sys.modules, "actfirst.train.trainer", types.SimpleNamespace(train=train))
     out = tmp_path / "cmp"
     assert main(["--out", str(out), "seed=3"]) == 0

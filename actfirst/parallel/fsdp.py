@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
@@ -31,10 +32,12 @@ def apply_fsdp(root: nn.Module, blocks: Sequence[nn.Module], mesh: DeviceMesh, *
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(root, mesh=mesh, mp_policy=policy)
+    gloo = dist.get_backend(mesh.get_group()) == "gloo"
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)  # a plain SUM (gloo has no pre-multiplied sum)
+            if gloo:  # gloo has no pre-multiplied sum (NCCL's PreMulSum): a plain SUM then
+                module.set_force_sum_reduction_for_comms(True)
     return root
 
 

@@ -28,9 +28,9 @@ def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
-def launch_ranks(nproc: int, module: str, argv: list[str], *, monitor_interval_s: float = 0.5) -> int:
-    """Run ``python -m <module> <argv>`` as ``nproc`` ranks of one node; returns 0, or 1 after printing which rank
-    failed and why (130 on Ctrl-C)."""
+def launch_ranks(nproc: int, command: list[str], *, monitor_interval_s: float = 0.5) -> int:
+    """Run ``python <command>`` (``["-m", "actfirst.run", ...]`` or a script and its arguments) as ``nproc`` ranks
+    of one node; returns 0, or 1 after printing which rank failed and why (130 on Ctrl-C)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -42,7 +42,7 @@ def launch_ranks(nproc: int, module: str, argv: list[str], *, monitor_interval_s
                           monitor_interval=monitor_interval_s, start_method="spawn")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default per rank; vLLM's CPU worker needs it set
     try:
-        elastic_launch(config, sys.executable)("-m", module, *argv)
+        elastic_launch(config, sys.executable)(*command)
     except ChildFailedError as error:
         print(describe_failure(error.failures), file=sys.stderr, flush=True)
         return 1

@@ -58,26 +58,18 @@ def tokenizer_differences(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase
 
 
 class TeacherScorer:
-    """Loads the frozen teacher (eval, no gradients) and fills ``Sample.teacher_logprobs`` (B.4)."""
+    """The frozen teacher (eval, no gradients); :meth:`score` fills ``Sample.teacher_logprobs`` (B.4)."""
 
-    def __init__(self, model_dir: str | Path, *, student_tokenizer: str | Path | PreTrainedTokenizerBase,
-                 dtype: str = "float32", micro_batch_tokens: int = 8192, device: str | torch.device | None = None,
-                 shard: ParallelContext | None = None) -> None:
-        """``shard``: FSDP2-shard the teacher over that context's ranks (every rank must then score together);
-        None: a whole copy on ``device`` (default: the GPU when there is one)."""
+    def __init__(self, model: torch.nn.Module, *, micro_batch_tokens: int = 8192,
+                 device: str | torch.device | None = None, shard: ParallelContext | None = None,
+                 name: str = "teacher") -> None:
+        """``model``: a Hugging Face causal LM. ``shard``: FSDP2-shard it over that context's ranks (every rank must
+        then score together); None: a whole copy on ``device`` (default: the GPU when there is one). ``name`` is
+        what errors call it (its directory)."""
         if micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens={micro_batch_tokens!r}: must be >= 1")
-        if not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise ValueError(f"dtype={dtype!r}: not a torch dtype (e.g. 'float32', 'bfloat16')")
-        self.model_dir = str(model_dir)
-        student_tok, student_name = _load_tokenizer(student_tokenizer)
-        teacher_tok, _ = _load_tokenizer(model_dir)
-        diffs = tokenizer_differences(student_tok, teacher_tok)
-        if diffs:
-            raise ValueError(f"teacher tokenizer ({self.model_dir}) differs from the student's ({student_name}): "
-                             + "; ".join(diffs) + ". The teacher must score the student's exact token ids (B.4).")
+        self.model_dir = name
         self.micro_batch_tokens = micro_batch_tokens
-        model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=getattr(torch, dtype))
         model.eval().requires_grad_(False)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.head = LMHeadModel(model)
@@ -88,6 +80,22 @@ class TeacherScorer:
         else:
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             self.head.to(self.device)
+
+    @classmethod
+    def load(cls, model_dir: str | Path, *, student_tokenizer: str | Path | PreTrainedTokenizerBase,
+             dtype: str = "float32", **kwargs) -> TeacherScorer:
+        """The teacher of ``model_dir`` in ``dtype``, after checking that it has the student's tokenizer (a
+        mismatch is refused, naming what differs); ``kwargs`` as for the constructor."""
+        if not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise ValueError(f"dtype={dtype!r}: not a torch dtype (e.g. 'float32', 'bfloat16')")
+        student_tok, student_name = _load_tokenizer(student_tokenizer)
+        teacher_tok, _ = _load_tokenizer(model_dir)
+        diffs = tokenizer_differences(student_tok, teacher_tok)
+        if diffs:
+            raise ValueError(f"teacher tokenizer ({model_dir}) differs from the student's ({student_name}): "
+                             + "; ".join(diffs) + ". The teacher must score the student's exact token ids (B.4).")
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
+        return cls(model, name=str(model_dir), **kwargs)
 
     @torch.no_grad()
     def score(self, samples: list[Sample]) -> None:

@@ -211,9 +211,9 @@ class Trainer:
     def _build_models(self) -> None:
         """The frozen teacher (its tokenizer checked first) and the student's FSDP2 shard with its updater."""
         cfg, ctx = self.cfg, self.ctx
-        self.teacher = TeacherScorer(cfg.teacher, student_tokenizer=self.tokenizer, dtype=cfg.teacher_dtype,
-                                     micro_batch_tokens=cfg.micro_batch_tokens, device=ctx.device,
-                                     shard=ctx if cfg.parallel.teacher == "shard" else None)
+        self.teacher = TeacherScorer.load(cfg.teacher, student_tokenizer=self.tokenizer, dtype=cfg.teacher_dtype,
+                                          micro_batch_tokens=cfg.micro_batch_tokens, device=ctx.device,
+                                          shard=ctx if cfg.parallel.teacher == "shard" else None)
         student = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)  # the master weights
         student.train()
         self.policy = LMHeadModel(student)

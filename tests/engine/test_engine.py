@@ -137,6 +137,33 @@ def test_update_weights_changes_generation_and_tags_version(engine, tiny_model_d
     assert restored.token_ids == before.token_ids
 
 
+def test_update_weights_reaches_a_tied_lm_head(tmp_path):
+    """Tied embeddings (Qwen3-0.6B/1.7B/4B): the checkpoint names no lm_head.weight, vLLM's reload skips the head
+    ("ParallelLMHead: Failed to load weights"), and the CPU backend's packed copy of the head would stay the old
+    one: the engine's log-probs must follow the new weights all the same."""
+    from actfirst.config import EngineConfig, ModelConfig
+    from actfirst.engine.core import ActFirstEngine
+    from actfirst.models.factory import build_model
+
+    model_dir = build_model(ModelConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                        num_key_value_heads=1, head_dim=32, intermediate_size=128,
+                                        tie_word_embeddings=True, seed=3), tmp_path / "tied")
+    tied = ActFirstEngine.from_config(EngineConfig(model=str(model_dir), dtype="float32", max_model_len=512,
+                                                   max_num_seqs=4, max_num_batched_tokens=512, kv_cache_gib=1),
+                                      SchedulerConfig(b_max=4))
+    new = perturbed_weights(model_dir, seed=2)
+    assert "lm_head.weight" not in new
+    prompt = [31, 32, 33] * 5
+    spec = SamplingSpec(max_tokens=12, min_tokens=12, ignore_eos=True, temperature=1.0, seed=9)
+    tied.update_weights(new.items())
+    after = asyncio.run(tied.generate(prompt, FULL, spec))
+    asyncio.run(tied.close())
+    got = torch.tensor(after.logprobs, dtype=torch.float64)
+    worst = float((got - hf_logprobs(model_dir, new, prompt, after.token_ids, 1.0)).abs().max())
+    print(f"tied head: max |engine - transformers| after a reload {worst:.2e}")
+    assert worst < 2e-3
+
+
 def test_update_weights_requeues_requests_in_flight(engine, tiny_model_dir):
     engine.reconfigure(SchedulerConfig(b_max=4))
     original = load_file(f"{tiny_model_dir}/model.safetensors")

@@ -89,7 +89,7 @@ def teacher_rank(model_dir, shards, shard):
     from actfirst.train.teacher import TeacherScorer
 
     ctx = init_parallel()
-    scorer = TeacherScorer(model_dir, student_tokenizer=model_dir, micro_batch_tokens=30,
+    scorer = TeacherScorer.load(model_dir, student_tokenizer=model_dir, micro_batch_tokens=30,
                            shard=ctx if shard else None, device="cpu")
     samples = shards[ctx.rank]
     scorer.score(samples)

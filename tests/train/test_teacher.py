@@ -31,7 +31,7 @@ def reference_logprobs(model_dir, sample):
 
 @pytest.mark.parametrize("dtype,atol", [("float32", 1e-5), ("float64", 1e-5)])
 def test_scores_match_a_float64_forward(teacher_dir, tiny_model_dir, vocab_size, gen, dtype, atol):
-    scorer = TeacherScorer(teacher_dir, student_tokenizer=tiny_model_dir, dtype=dtype, micro_batch_tokens=48)
+    scorer = TeacherScorer.load(teacher_dir, student_tokenizer=tiny_model_dir, dtype=dtype, micro_batch_tokens=48)
     samples = random_samples(gen, 5, vocab_size, max_context=30, max_response=14, scored=False)
     scorer.score(samples)
     worst = 0.0
@@ -51,7 +51,7 @@ def test_refuses_another_vocabulary(tiny_model_dir, tmp_path):
                                     num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, head_dim=32,
                                     intermediate_size=64), tmp_path / "other")
     with pytest.raises(ValueError) as err:
-        TeacherScorer(other, student_tokenizer=tiny_model_dir)
+        TeacherScorer.load(other, student_tokenizer=tiny_model_dir)
     msg = str(err.value)
     assert str(other) in msg and str(tiny_model_dir) in msg and "vocab" in msg
 
@@ -63,7 +63,7 @@ def test_refuses_an_extra_added_token(tiny_model_dir, tmp_path):
     tok.add_tokens(["<extra_tool>"])
     tok.save_pretrained(teacher)
     with pytest.raises(ValueError, match=r"added tokens.*<extra_tool>"):
-        TeacherScorer(teacher, student_tokenizer=tiny_model_dir)
+        TeacherScorer.load(teacher, student_tokenizer=tiny_model_dir)
 
 
 def test_refuses_another_chat_template(tiny_model_dir, tmp_path):
@@ -73,12 +73,12 @@ def test_refuses_another_chat_template(tiny_model_dir, tmp_path):
     tok.chat_template = tok.chat_template + "{# changed #}"
     tok.save_pretrained(teacher)
     with pytest.raises(ValueError, match="chat template") as err:
-        TeacherScorer(teacher, student_tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
+        TeacherScorer.load(teacher, student_tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
     assert "vocab" not in str(err.value)
 
 
 def test_refuses_ids_outside_the_teacher_vocabulary(tiny_model_dir, vocab_size, gen):
-    scorer = TeacherScorer(tiny_model_dir, student_tokenizer=tiny_model_dir)
+    scorer = TeacherScorer.load(tiny_model_dir, student_tokenizer=tiny_model_dir)
     samples = random_samples(gen, 2, vocab_size, scored=False)
     samples[1].response_ids[0] = 10**6
     with pytest.raises(ValueError, match="token id 1000000 of sample 1"):
