@@ -22,6 +22,8 @@ Two ways to walk [N, V] (memory: one buffer of ``budget`` bytes, never [N, V]):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 try:
@@ -33,11 +35,30 @@ except ImportError:
 # Launch of the row kernels (the logit gradient here, the epilogues in logprob_gather.py and
 # ppo_loss_from_hidden.py): one program per row, 8 columns per thread; checked by kernels/compile_check.py.
 ROW_BLOCK_V, ROW_NUM_WARPS = 2048, 8
+# Rows of an fp32 accumulator per product when this torch's addmm cannot add 16-bit products into it directly.
+ACC_SLICE_BYTES = 64 << 20
 
 
 def logit_buffer(numel: int, device: torch.device) -> torch.Tensor:
     """The flat fp32 buffer that a chunk's logits, then their gradient, live in."""
     return torch.empty(numel, dtype=torch.float32, device=device)
+
+
+def _mm_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b in fp32 from 16-bit operands (the CPU has no mixed-dtype mm: tests only)."""
+    return torch.mm(a, b, out_dtype=torch.float32) if a.is_cuda else a.float() @ b.float()
+
+
+@functools.cache
+def _addmm_takes_fp32_accumulator(device: torch.device) -> bool:
+    """Whether this torch's addmm(out_dtype=fp32) adds 16-bit products into an fp32 accumulator (recent releases);
+    earlier ones with the same API require the accumulator in the operands' dtype."""
+    acc, a = torch.zeros(1, 1, device=device), torch.zeros(1, 1, dtype=torch.bfloat16, device=device)
+    try:
+        torch.addmm(acc, a, a, out_dtype=torch.float32, out=acc)
+    except RuntimeError:
+        return False
+    return True
 
 
 def mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -46,16 +67,20 @@ def mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor
         return torch.mm(a, b, out=out)
     if a.is_cuda:
         return torch.mm(a, b, out_dtype=out.dtype, out=out)
-    return out.copy_(a.float() @ b.float())  # the CPU has no mixed-dtype mm; tests only
+    return out.copy_(_mm_fp32(a, b))
 
 
 def addmm_into(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """acc += a @ b: fp32 accumulation inside the product, one rounding to acc's dtype per call."""
+    """acc += a @ b: fp32 accumulation inside the product, one rounding to acc's dtype per call. An fp32
+    accumulator of 16-bit products takes one cuBLAS call where torch allows it, else slices of ACC_SLICE_BYTES."""
     if acc.dtype == a.dtype:
         return acc.addmm_(a, b)
-    if a.is_cuda:
+    if a.is_cuda and _addmm_takes_fp32_accumulator(a.device):
         return torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
-    return acc.addmm_(a.float(), b.float())
+    rows = max(1, ACC_SLICE_BYTES // (4 * acc.shape[1]))
+    for r0 in range(0, acc.shape[0], rows):
+        acc[r0:r0 + rows] += _mm_fp32(a[r0:r0 + rows], b)
+    return acc
 
 
 def logits_into(buf: torch.Tensor, h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -91,6 +116,15 @@ if triton is not None:
             t = t * scale + tl.sum(e * tl.where(ok, z, 0.0), axis=0)
             m = m_new
         return m, s, t
+
+    @triton.jit
+    def row_logp(z_row_ptr, y, V, inv_temp, BLOCK_V: tl.constexpr):
+        """(log-prob of target y, NaN outside [0, V); lse; entropy) of one row of logits z / tau."""
+        m, s, t = row_softmax_stats(z_row_ptr, V, inv_temp, BLOCK_V)
+        lse = m + tl.log(s)
+        y_ok = (y >= 0) & (y < V)
+        z_y = tl.load(z_row_ptr + y, mask=y_ok, other=0.0) * inv_temp
+        return tl.where(y_ok, z_y - lse, float("nan")), lse, lse - t / s
 
     @triton.jit
     def _grad_block(z_row_ptr, cols, V, y, lse, gs, inv_temp):

@@ -135,7 +135,7 @@ def vocab_splits(row_blocks: int, v_tiles: int, num_sms: int, min_splits: int = 
 
 
 if triton is not None:
-    from actfirst.kernels.lm_head import row_softmax_stats
+    from actfirst.kernels.lm_head import row_logp
 
     @triton.jit
     def _logprob_gather_fwd_kernel(
@@ -263,15 +263,10 @@ if triton is not None:
         BLOCK_V: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
-        z_row = z_ptr + row * stride_zn
-        m, s, t = row_softmax_stats(z_row, V, inv_temp, BLOCK_V)
-        y = tl.load(y_ptr + row)
-        y_ok = (y >= 0) & (y < V)
-        z_y = tl.load(z_row + y, mask=y_ok, other=0.0) * inv_temp
-        lse = m + tl.log(s)
-        tl.store(logp_ptr + row, tl.where(y_ok, z_y - lse, float("nan")))
+        logp, lse, ent = row_logp(z_ptr + row * stride_zn, tl.load(y_ptr + row), V, inv_temp, BLOCK_V)
+        tl.store(logp_ptr + row, logp)
         tl.store(lse_ptr + row, lse)
-        tl.store(ent_ptr + row, lse - t / s)
+        tl.store(ent_ptr + row, ent)
 
     @functools.cache
     def _tuned_fwd_kernel(key: tuple[int, str, bool]):

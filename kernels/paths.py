@@ -117,6 +117,11 @@ def _estimates_s(s: _Shape, c: int, b: int, need_grad: bool, single_pass: bool, 
     return {"fused": fused, "chunked": chunked}
 
 
+def cheapest(estimates: dict[str, float]) -> str:
+    """The path with the lowest estimate; ties go to fused, the one with less memory."""
+    return min(PATHS, key=estimates.__getitem__)
+
+
 def plan(hidden: torch.Tensor, weight: torch.Tensor, *, need_grad: bool, single_pass: bool = False,
          path: str | None = None, chunk_bytes: int | None = None,
          head_grad_dtype: torch.dtype | None = None) -> Plan:
@@ -135,6 +140,6 @@ def plan(hidden: torch.Tensor, weight: torch.Tensor, *, need_grad: bool, single_
     acc_bytes = torch.empty((), dtype=head_grad_dtype or weight.dtype).element_size()
     seconds = _estimates_s(_Shape(max(n, 1), h, v, hidden.element_size()), chunk_rows, block, need_grad,
                            single_pass, acc_bytes, MACHINES[arch])
-    chosen = path or min(PATHS, key=lambda p: seconds[p])  # ties: fused, the one with less memory
+    chosen = path or cheapest(seconds)
     return Plan(chosen, chunk_rows=chunk_rows, vocab_block=block if need_grad else 0, budget_bytes=budget,
                 estimate_ms={p: 1e3 * t for p, t in seconds.items()})

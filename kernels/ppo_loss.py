@@ -12,7 +12,9 @@ Branch ties are decided one way everywhere (reference, Triton, C++): the clipped
 strictly larger, the dual clip only when l_clip is strictly larger than -kappa A. clip() passes gradient on its
 closed interval, as torch.clamp does.
 
-One pass computes the loss, d L / d log pi_theta for every token, and the clip fractions (over supervised tokens).
+The loss, d L / d log pi_theta for every token and the clip fractions (over supervised tokens) come from one pass
+over the tokens after the per-sample mask sums M_b (on CUDA a first, run-length pass; elsewhere index_add); the
+gradient is formed in the forward and handed over by the backward (:func:`hand_over_gradients`).
 """
 
 from __future__ import annotations

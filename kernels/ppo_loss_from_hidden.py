@@ -46,7 +46,7 @@ def ppo_loss_from_hidden_reference(hidden, weight, targets, logp_old, logp_teach
 
 
 if triton is not None:
-    from actfirst.kernels.lm_head import row_softmax_stats, write_row_grad
+    from actfirst.kernels.lm_head import row_logp, write_row_grad
     from actfirst.kernels.ppo_loss import ppo_token
 
     @triton.jit
@@ -70,11 +70,8 @@ if triton is not None:
     ):
         row = tl.program_id(0).to(tl.int64)
         z_row = z_ptr + row * stride_zn
-        m, s, _ = row_softmax_stats(z_row, V, inv_temp, BLOCK_V)
-        lse = m + tl.log(s)
         y = tl.load(y_ptr + row)
-        y_ok = (y >= 0) & (y < V)
-        logp = tl.where(y_ok, tl.load(z_row + y, mask=y_ok, other=0.0) * inv_temp - lse, float("nan"))
+        logp, lse, _ = row_logp(z_row, y, V, inv_temp, BLOCK_V)
         w = tl.load(tw_ptr + row)
         loss, g, clipped, dual = ppo_token(logp, tl.load(old_ptr + row), tl.load(teacher_ptr + row), w > 0,
                                            clip_eps, dual_clip)

@@ -73,19 +73,23 @@ def test_matches_composed_float64_reference(backend, path, dtype, gen):
     assert last_path("ppo_loss_from_hidden").path == (path or backend)
 
 
-@pytest.mark.parametrize("head_grad_dtype", [None, torch.float32])
-def test_micro_batches_accumulate_into_the_head_in_either_dtype(head_grad_dtype, gen):
-    """Two calls per optimizer step (gradient accumulation), bf16 inputs, the head's gradient accumulated across
-    row chunks in bf16 (the default) or fp32: .grad holds the sum of both micro-batches' float64 gradients."""
+@pytest.mark.parametrize(("path", "head_grad_dtype"), [("chunked", None), ("chunked", torch.float32),
+                                                        ("fused", None)])
+def test_micro_batches_accumulate_into_the_head(path, head_grad_dtype, gen, monkeypatch):
+    """Two calls per optimizer step (gradient accumulation), bf16 inputs; the head's gradient accumulated across
+    row chunks in bf16 (the default) or fp32, or written per vocabulary block (fused): .grad holds the sum of both
+    micro-batches' float64 gradients. fp32 accumulators of bf16 products are added in slices of 7 rows (the path
+    for torch releases whose addmm takes no fp32 accumulator; on the CPU, always)."""
     n, h, v, num_samples = 40, 16, 200, 3
+    monkeypatch.setattr(lm_head, "ACC_SLICE_BYTES", 4 * h * 7)
     w = make(gen, n, h, v, num_samples, torch.bfloat16)[1].requires_grad_(True)
     ref_w = torch.zeros(v, h, dtype=torch.float64, device=DEVICE)
     for _ in range(2):
         hidden, _, *rest = make(gen, n, h, v, num_samples, torch.bfloat16)
         hid = hidden.requires_grad_(True)
         loss, *_ = ppo_loss_from_hidden(hid, w, *rest, num_samples, temperature=TEMP, clip_eps=CLIP,
-                                        dual_clip=KAPPA, backend="triton", path="chunked",
-                                        chunk_bytes=4 * 6 * v, head_grad_dtype=head_grad_dtype)
+                                        dual_clip=KAPPA, backend="triton", path=path,
+                                        chunk_bytes=4 * min(6 * v, 70 * n), head_grad_dtype=head_grad_dtype)
         loss.backward()
         *_, ref_h, grad_w = reference_grads(hid, w, *rest, num_samples)
         assert_grads_close(hid.grad, ref_h, 3e-2)
