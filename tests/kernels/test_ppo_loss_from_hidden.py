@@ -99,7 +99,7 @@ def test_micro_batches_accumulate_into_the_head(path, head_grad_dtype, gen, monk
 
 @pytest.mark.parametrize("path", ["fused", "chunked"])
 def test_frozen_head_and_no_grad_form_no_weight_gradient(path, gen, monkeypatch):
-    """A head that does not require grad gets none (and the chunked path skips its product); under no_grad only
+    """A head that does not require grad gets no gradient; under no_grad only
     the forward runs: any gradient product would raise here."""
     n, h, v, num_samples = 20, 16, 150, 2
     hidden, weight, *rest = make(gen, n, h, v, num_samples, torch.float32)
