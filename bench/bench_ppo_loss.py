@@ -1,9 +1,13 @@
 """Micro-benchmark of the dual-clipped PPO token loss (loss and d loss / d logp) against torch eager and compile.
 
-Achieved bandwidth counts the bytes the fused op must move: read logp, logp_old, logp_teacher and the token
-weight, write the gradient (5 x 4 bytes per token in fp32), against a copy bandwidth measured on the same machine.
+Bytes moved: the op must read logp, logp_old, logp_teacher and the mask (fp32) and the sample indices (int64), and
+write the gradient (fp32): 28 bytes a token, the count that GB/s and "% of copy" use, against a copy bandwidth
+measured in the same run. The Triton path moves 40 (a first pass sums the mask per sample: mask and indices read
+twice); its backward hands the gradient over without a pass when the upstream gradient is 1. Each call starts with
+``logp.grad = None``, so that accumulating into an old gradient is not timed.
 
-    python bench/bench_ppo_loss.py [--tokens 65536 262144 1048576]
+    python bench/bench_ppo_loss.py [--tokens 1048576 8388608 33554432]
+    python bench/bench_ppo_loss.py --tokens 4096 20000 --reps 2     # CPU dry run (TRITON_INTERPRET=1)
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from timing import median_time
 
 from actfirst.kernels.dispatch import ppo_loss
 from actfirst.kernels.ppo_loss import ppo_loss_reference
+
+BYTES_PER_TOKEN = 28
 
 
 def make(n: int, device: str, num_samples: int):
@@ -36,36 +42,49 @@ def copy_bandwidth(device: str) -> float:
     return 2 * x.numel() * 4 / median_time(lambda: y.copy_(x), device, 10) / 1e9
 
 
+def providers(logp, old, teacher, mask, idx, num_samples: int, backend: str | None) -> dict:
+    """Zero-argument functions running loss and backward, each from a fresh ``logp.grad``."""
+    compiled = torch.compile(ppo_loss_reference, dynamic=False)
+
+    def call(op):
+        def run():
+            logp.grad = None
+            op(logp, old, teacher, mask, idx, num_samples)[0].backward()
+        return run
+
+    return {"eager": call(ppo_loss_reference), "compile": call(compiled),
+            "fused": call(lambda *a: ppo_loss(*a, backend=backend))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tokens", type=int, nargs="+", default=[65_536, 262_144, 1_048_576])
+    parser.add_argument("--providers", nargs="+", default=["eager", "compile", "fused"])
+    parser.add_argument("--backend", default=None, help="force the fused op's backend (triton on the CPU: dry run)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", default="runs/bench/ppo_loss.json")
     args = parser.parse_args()
     dev = args.device
     ceiling = copy_bandwidth(dev)
-    print(f"copy bandwidth on this machine: {ceiling:.1f} GB/s ({dev})", flush=True)
-    compiled = torch.compile(ppo_loss_reference, dynamic=False)
+    print(f"copy bandwidth on this machine: {ceiling:.1f} GB/s ({dev}); {BYTES_PER_TOKEN} bytes a token", flush=True)
     rows = []
     for n in args.tokens:
-        logp, old, teacher, mask, idx = make(n, dev, num_samples=max(1, n // 512))
-        num_samples = int(idx.max()) + 1
-        providers = {
-            "eager": lambda: ppo_loss_reference(logp, old, teacher, mask, idx, num_samples)[0].backward(),
-            "compile": lambda: compiled(logp, old, teacher, mask, idx, num_samples)[0].backward(),
-            "fused": lambda: ppo_loss(logp, old, teacher, mask, idx, num_samples)[0].backward(),
-        }
-        for name, fn in providers.items():
+        inputs = make(n, dev, num_samples=max(1, n // 512))
+        num_samples = int(inputs[-1].max()) + 1
+        for name, fn in providers(*inputs, num_samples, args.backend).items():
+            if name not in args.providers:
+                continue
             seconds = median_time(fn, dev, args.reps)
-            gbps = 20 * n / seconds / 1e9
+            gbps = BYTES_PER_TOKEN * n / seconds / 1e9
             rows.append({"provider": name, "n": n, "ms": seconds * 1e3, "gb_per_s": gbps,
                          "pct_of_copy_bandwidth": 100 * gbps / ceiling})
-            print(f"  N={n:8d} {name:8s} {seconds * 1e3:8.3f} ms {gbps:7.1f} GB/s ({100 * gbps / ceiling:.0f}% of copy)",
-                  flush=True)
+            print(f"  N={n:8d} {name:8s} {seconds * 1e3:8.3f} ms {gbps:7.1f} GB/s ({100 * gbps / ceiling:.0f}% of copy; "
+                  f"the copy bound is {BYTES_PER_TOKEN * n / ceiling / 1e6:.3f} ms)", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"device": dev, "copy_gb_per_s": ceiling, "rows": rows}, indent=2))
+    out.write_text(json.dumps({"device": dev, "copy_gb_per_s": ceiling, "bytes_per_token": BYTES_PER_TOKEN,
+                               "rows": rows}, indent=2))
     print(f"wrote {out}")
 
 
