@@ -72,13 +72,15 @@ def main(argv: list[str] | None = None) -> int:
 def launch(args: argparse.Namespace) -> int:
     """The launching process: check the config, prepare what is missing, start the ranks."""
     from actfirst.parallel.launch import default_nproc, launch_ranks
+    from actfirst.train.trainer import check_layout
 
     started = time.time()
-    nproc = args.nproc_per_node or default_nproc()
+    nproc = default_nproc() if args.nproc_per_node is None else args.nproc_per_node
     try:
         if nproc < 1:
             raise ConfigError(f"--nproc-per-node={nproc}: must be >= 1")
         cfg = load_run_config(args.config, args.overrides)
+        check_layout(cfg, nproc)
         if not args.resume and (Path(cfg.out_dir) / "metrics.jsonl").exists():
             raise ConfigError(f"out_dir={cfg.out_dir!r} holds a run: add --resume to continue it, or give another "
                               f"out_dir=... to start a new one")

@@ -116,10 +116,11 @@ class Phase:
 
 
 def run_rank(args: argparse.Namespace) -> dict | None:
+    from actfirst.config import LossConfig, OptimConfig
+    from actfirst.kernels.dispatch import last_path
     from actfirst.parallel.context import all_gather_objects, init_parallel
     from actfirst.parallel.fsdp import apply_fsdp
     from actfirst.parallel.weight_sync import gathered_parameters
-    from actfirst.config import LossConfig, OptimConfig
     from actfirst.train.head import LMHeadModel
     from actfirst.train.student import StudentUpdater
     from actfirst.train.teacher import TeacherScorer
@@ -148,7 +149,8 @@ def run_rank(args: argparse.Namespace) -> dict | None:
         rows.append({"update": update, "score_s": score.seconds, "score_peak_mib": score.peak_mib,
                      "update_s": step.seconds, "update_peak_mib": step.peak_mib, "sync_s": sync.seconds,
                      "sync_peak_mib": sync.peak_mib, "loss": metrics["loss"], "skipped": metrics["skipped"],
-                     "gathered_params": gathered})
+                     "gathered_params": gathered, "score_path": last_path("logprob_gather").path,
+                     "update_path": last_path("ppo_loss_from_hidden").path})
     mine = {"rank": ctx.rank, "tokens": tokens, "samples": len(samples), "build_s": build.seconds,
             "build_peak_mib": build.peak_mib, "updates": rows}
     ranks = all_gather_objects(mine)
@@ -161,7 +163,8 @@ def summarize(args: argparse.Namespace, ranks: list[dict], device: torch.device)
     updates = []
     for i in range(args.updates):
         per = [r["updates"][i] for r in ranks]
-        row = {"update": i + 1, "tokens": total, "loss": per[0]["loss"], "skipped": per[0]["skipped"]}
+        row = {"update": i + 1, "tokens": total, "loss": per[0]["loss"], "skipped": per[0]["skipped"],
+               "score_path": per[0]["score_path"], "update_path": per[0]["update_path"]}
         for phase in ("score", "update", "sync"):
             seconds = max(p[f"{phase}_s"] for p in per)
             row[f"{phase}_s"] = seconds
@@ -181,14 +184,15 @@ def table(result: dict) -> str:
     lines = [f"{result['args']['student']} student / {result['args']['teacher']} teacher on {result['world_size']} "
              f"rank(s) of {result['device']}; {sum(result['tokens_per_rank']):,} tokens per update "
              f"({result['args']['responses']} responses); build {result['build_s']:.1f} s",
-             f"| update | scoring s (tok/s) | update s (tok/s) | sync gather s | {peak} per rank, MiB |",
-             "|---|---|---|---|---|"]
+             f"| update | scoring s (tok/s) | update s (tok/s) | sync gather s | {peak} per rank, MiB | head paths |",
+             "|---|---|---|---|---|---|"]
     for u in result["updates"]:
         peaks = ", ".join(f"{max(a, b, c):,.0f}" for a, b, c in zip(u["score_peak_mib_per_rank"],
                                                                       u["update_peak_mib_per_rank"],
                                                                       u["sync_peak_mib_per_rank"]))
         lines.append(f"| {u['update']} | {u['score_s']:.2f} ({u['score_tok_per_s']:,.0f}) | {u['update_s']:.2f} "
-                     f"({u['update_tok_per_s']:,.0f}) | {u['sync_s']:.2f} | {peaks} |")
+                     f"({u['update_tok_per_s']:,.0f}) | {u['sync_s']:.2f} | {peaks} | {u['score_path']} / "
+                     f"{u['update_path']} |")
     return "\n".join(lines)
 
 

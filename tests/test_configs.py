@@ -176,3 +176,44 @@ def test_demo_config_builds_its_models_from_nothing():
     assert len(env.eval_task_types) * env.eval_variations * len(cfg.evaluation.seeds) >= 64
     with pytest.raises(ConfigError, match="student.model="):
         load_config(TrainConfig, DEMO_CONFIG, ["student.model=/does/not/exist"])
+
+
+@pytest.mark.parametrize("override,named", [
+    ("rollout.temperature=1e309", "rollout.temperature=inf: must be a finite number"),
+    ("optim.weight_decay=1e309", "optim.weight_decay=inf: must be a finite number"),
+    ("optim.lr=.nan", "optim.lr=nan: must be a finite number"),
+    ("student.model=''", "student.model='': must name a Hugging Face model directory"),
+    ("teacher=''", "teacher='': must name a Hugging Face model directory"),
+    ("out_dir=''", "out_dir='': must name a directory"),
+    ("references=' '", "references=' ': must name a reference cache file"),
+    ("student.sleep_level=true", "student.sleep_level=True: must be one of [0, 1, 2]"),
+    ("parallel.teacher=half", "parallel.teacher='half': must be one of ['replicate', 'shard']"),
+    ("parallel.sync_bucket_mb=0", "parallel.sync_bucket_mb=0: must be >= 1"),
+])
+def test_bad_values_are_refused_by_name(override, named):
+    """Also where preparation may still build the paths (``paths_unchecked``): an empty path is never a path."""
+    from actfirst.run import load_run_config
+
+    with pytest.raises(ConfigError) as err:
+        load_run_config(None, [override])
+    assert named in str(err.value)
+
+
+def test_sleep_needs_an_engine_that_is_idle_during_the_update():
+    from actfirst.run import load_run_config
+
+    with pytest.raises(ConfigError, match=r"student.sleep_level=2: needs overlap: false"):
+        load_run_config(None, ["student.sleep_level=2", "overlap=true"])
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--nproc-per-node", "0"], "--nproc-per-node=0: must be >= 1"),
+    (["--nproc-per-node", "5"], "batch_samples=48: must be a multiple of the ranks (5) x num_minibatches (2)"),
+    (["--nproc-per-node", "2", "rollout.batch_tasks=1"], "rollout.batch_tasks=1: fewer than the 2 ranks"),
+])
+def test_a_layout_the_ranks_cannot_share_is_refused_before_launch(args, named, capsys, tmp_path):
+    import actfirst.run as cli
+
+    assert cli.main([*args, f"out_dir={tmp_path / 'run'}"]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

@@ -52,6 +52,7 @@ from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.eval import evaluate, merge_reports, pick_tasks
 from actfirst.eval_report import teacher_summary
+from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
 from actfirst.parallel.context import (ParallelContext, all_gather_objects, broadcast_object, init_parallel,
                                        reduce_max, reduce_sum)
@@ -124,6 +125,17 @@ class TaskStream:
         self.queue = deque(by_key[k] for k in state["queue"])
 
 
+def check_layout(cfg: TrainConfig, world_size: int) -> None:
+    """Refuse a batch that does not divide over ``world_size`` ranks, by key and value (before anything starts)."""
+    if cfg.batch_samples % (world_size * cfg.num_minibatches):
+        raise ConfigError(f"batch_samples={cfg.batch_samples}: must be a multiple of the ranks ({world_size}) x "
+                          f"num_minibatches ({cfg.num_minibatches}), so that every optimizer step takes an equal share "
+                          f"from every rank")
+    if cfg.rollout.batch_tasks < world_size:
+        raise ConfigError(f"rollout.batch_tasks={cfg.rollout.batch_tasks}: fewer than the {world_size} ranks (each "
+                          f"rank plays its share of every rollout batch)")
+
+
 def share(total: int, rank: int, world_size: int) -> int:
     """Rank ``rank``'s part of ``total`` items dealt round-robin over ``world_size`` ranks."""
     return len(range(rank, total, world_size))
@@ -148,7 +160,7 @@ class Trainer:
         self.out_dir = Path(cfg.out_dir)
         self.started = time.perf_counter()
         self.eval_s = 0.0
-        self._check_layout()
+        check_layout(cfg, ctx.world_size)
         self.checkpoint = self._resume_point()
         self.benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
         self.strategy = make_strategy(cfg.rollout.strategy)
@@ -170,17 +182,6 @@ class Trainer:
         self.sink: MetricsSink | None = None
 
     # -- setup ----------------------------------------------------------------------------------------------------
-
-    def _check_layout(self) -> None:
-        """Refuse a batch that does not divide over the ranks (by key and value, before anything is loaded)."""
-        cfg, world = self.cfg, self.ctx.world_size
-        if cfg.batch_samples % (world * cfg.num_minibatches):
-            raise ConfigError(f"batch_samples={cfg.batch_samples}: must be a multiple of the ranks ({world}) x "
-                              f"num_minibatches ({cfg.num_minibatches}), so that every optimizer step takes an equal "
-                              f"share from every rank")
-        if cfg.rollout.batch_tasks < world:
-            raise ConfigError(f"rollout.batch_tasks={cfg.rollout.batch_tasks}: fewer than the {world} ranks (each "
-                              f"rank plays its share of every rollout batch)")
 
     def _resume_point(self) -> Path | None:
         """The checkpoint to continue from (``--resume``), after checking that the run may start here."""
@@ -371,12 +372,12 @@ class Trainer:
         if self.cfg.student.sleep_level:
             self.engine.sleep()
 
-        def work() -> dict[str, float]:
+        def work() -> dict[str, Any]:
             t0 = time.perf_counter()
             self.teacher.score(samples)
             t1 = time.perf_counter()
             metrics = self.updater.update(samples, self.engine.weight_version)
-            return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1}
+            return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1, **kernel_paths()}
 
         return await asyncio.to_thread(work) if self.cfg.overlap else work()
 
@@ -531,6 +532,12 @@ class Trainer:
         tqdm.write(f"evaluation at update {update}: SR {summary['SR']['mean']:.1f} ± {summary['SR']['sd']:.1f} "
                    f"(95% CI [{lo:.1f}, {hi:.1f}], {summary['episodes']} episodes) in {wall:.0f} s")
         plot_training_curve(self.out_dir, teacher_sr=self.teacher_sr)
+
+
+def kernel_paths() -> dict[str, str]:
+    """Which path the fused ops' dispatcher took last for scoring and for the update (``actfirst.kernels``)."""
+    plans = {"kernel/score_path": last_path("logprob_gather"), "kernel/update_path": last_path("ppo_loss_from_hidden")}
+    return {key: plan.path for key, plan in plans.items() if plan is not None}
 
 
 def _check_resumable(saved: dict[str, Any], current: dict[str, Any]) -> None:
