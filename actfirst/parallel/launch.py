@@ -31,8 +31,8 @@ def default_nproc() -> int:
 def launch_ranks(nproc: int, command: list[str], *, monitor_interval_s: float = 0.5) -> int:
     """Run ``python <command>`` (``["-m", "actfirst.run", ...]`` or a script and its arguments) as ``nproc`` ranks
     of one node; returns 0, or 1 after printing which rank failed and why (130 on Ctrl-C)."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if nproc < 1:
