@@ -27,7 +27,8 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 
 from actfirst.parallel.context import ParallelContext
 from actfirst.parallel.weight_sync import gathered_parameters
-from actfirst.train.checkpoint import TRAINER_STATE, checkpoint_transaction, load_checkpoint, save_plain
+from actfirst.train.checkpoint import (TRAINER_STATE, CheckpointError, checkpoint_transaction, load_checkpoint,
+                                       save_plain)
 from actfirst.train.head import LMHeadModel
 
 OPTIMIZER_DIR = "optimizer"
@@ -64,6 +65,9 @@ def load_training_checkpoint(path: str | Path, *, ctx: ParallelContext, policy: 
     rank's in rank order. The student's weights come from ``path`` itself (``from_pretrained``)."""
     path = Path(path)
     trainer_state = load_checkpoint(path)
+    if "world_size" not in trainer_state or not (path / OPTIMIZER_DIR).is_dir():
+        raise CheckpointError(f"{path}: written by a single-process trainer of an earlier version (no {OPTIMIZER_DIR}/ "
+                              f"and no rank states); its model loads as student.model=... for a new run")
     state = {"optimizer": get_optimizer_state_dict(policy, optimizer)}
     dcp.load(state, checkpoint_id=str(path / OPTIMIZER_DIR))
     set_optimizer_state_dict(policy, optimizer, state["optimizer"])

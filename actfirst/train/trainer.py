@@ -259,7 +259,9 @@ class Trainer:
         self.batch_index = max(state["batch_index"] for state in rank_states)
         seed = (self.cfg.seed * 1_000_003 + rank * 7_919 + update) % (1 << 31)
         self.stream = TaskStream(self.tasks, seed)
-        random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
+        random.seed(seed)
+        np.random.seed(seed)
+        torch.manual_seed(seed)
 
     def _open_outputs(self) -> None:
         """Rank 0: the config, the metrics sink, and on resume the series cut back to the checkpoint."""
