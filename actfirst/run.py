@@ -25,9 +25,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from actfirst.config import DEMO_CONFIG, ConfigError, TrainConfig, check_paths
 from actfirst.eval_report import difference_interval, teacher_summary
+
+if TYPE_CHECKING:
+    from actfirst.train.trainer import TrainResult
 
 LAUNCH_ENV = "ACTFIRST_LAUNCH"
 """What the launching process tells its ranks (JSON): when the run started and what preparation took."""
@@ -42,6 +46,7 @@ def load_run_config(config: str | None, overrides: list[str]) -> TrainConfig:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m actfirst.run``."""
     parser = argparse.ArgumentParser(prog="python -m actfirst.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo)")
     parser.add_argument("--resume", action="store_true", help="continue the run in out_dir from its latest checkpoint")
@@ -53,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Launch the run (no torchrun environment) or run this process's rank; returns the exit status."""
     from actfirst.parallel.context import launched_as_rank
 
     args = build_parser().parse_args(argv)
@@ -121,7 +127,8 @@ def _prepare_child(config: str | None, overrides: list[str]) -> dict[str, float]
 
 def run_rank(args: argparse.Namespace, cfg: TrainConfig) -> int:
     """One rank: train, then (rank 0) write the summary and print where everything is. A failure is reported to the
-    other ranks (they stop) and raised, so that the launcher names this rank and its error."""
+    other ranks (they stop) and raised, so that the launcher names this rank and its error; one caused by a lost
+    peer stops this rank naming that peer (``PeerWatch.fail``)."""
     from actfirst.parallel.context import init_parallel, shutdown_parallel
     from actfirst.parallel.watchdog import PeerWatch
     from actfirst.train.trainer import Trainer
@@ -133,7 +140,7 @@ def run_rank(args: argparse.Namespace, cfg: TrainConfig) -> int:
         result = Trainer(cfg, ctx, resume=args.resume).train()
     except BaseException as e:
         if watch is not None:
-            watch.report_failure(f"rank {ctx.rank} failed: {type(e).__name__}: {e}")
+            watch.fail(e)  # stops here when a lost peer is the cause, naming it
         raise
     if watch is not None:
         watch.stop()
@@ -144,7 +151,7 @@ def run_rank(args: argparse.Namespace, cfg: TrainConfig) -> int:
     return 0
 
 
-def write_summary(cfg: TrainConfig, args: argparse.Namespace, result) -> dict:
+def write_summary(cfg: TrainConfig, args: argparse.Namespace, result: TrainResult) -> dict:
     """``<out_dir>/run_summary.json``: teacher and student SRs, the SR change, wall-clock by stage."""
     launch_info = json.loads(os.environ.get(LAUNCH_ENV, "{}"))
     evals = result.evals
@@ -175,6 +182,7 @@ def sr_change(evals: list[dict]) -> dict | None:
 
 
 def final_message(cfg: TrainConfig, summary: dict) -> str:
+    """What the run prints at its end: the stages' wall-clock, the SRs, where every output is."""
     out = Path(cfg.out_dir)
     total = f"{summary['total_s']:.0f} s in all: " if summary["total_s"] is not None else ""
     lines = ["", f"[run] done: {cfg.num_updates} updates on {summary['world_size']} rank(s), "

@@ -5,7 +5,8 @@
 
 Rollouts are excluded: a batch shaped like the paper's (``--responses`` full responses of up to
 ``--response-tokens`` tokens on contexts of up to ``--context-tokens``; lengths drawn between half and all of it)
-is made of random token ids and log-probs, split over the ranks as the trainer splits its batch. The models are
+is made of random token ids and log-probs; each rank takes every R-th response, the share of the batch a rank
+contributes to the trainer's update. The models are
 randomly initialized Qwen3 shapes (``SHAPES``: the published configs of Qwen3-0.6B, 1.7B, 4B, 8B) on each rank's
 device; the student is FSDP2-sharded exactly as the trainer shards it (float32 master weights, ``--compute-dtype``
 compute), the teacher replicated or sharded. Each update runs: ``TeacherScorer.score`` -> ``StudentUpdater.update``
@@ -41,6 +42,7 @@ SHAPES = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--student", default="1.7B", choices=sorted(SHAPES))
     parser.add_argument("--teacher", default="8B", choices=sorted(SHAPES))
@@ -116,6 +118,7 @@ class Phase:
 
 
 def run_rank(args: argparse.Namespace) -> dict | None:
+    """Build the models, time ``--updates`` updates; rank 0 returns the summary of every rank's figures."""
     from actfirst.config import LossConfig, OptimConfig
     from actfirst.kernels.dispatch import last_path
     from actfirst.parallel.context import all_gather_objects, init_parallel
@@ -180,6 +183,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], device: torch.device)
 
 
 def table(result: dict) -> str:
+    """The summary as a Markdown table."""
     peak = "peak RSS" if result["device"] == "cpu" else "peak GPU memory"
     lines = [f"{result['args']['student']} student / {result['args']['teacher']} teacher on {result['world_size']} "
              f"rank(s) of {result['device']}; {sum(result['tokens_per_rank']):,} tokens per update "
@@ -197,6 +201,7 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Start the ranks (through the elastic launcher when several), time, print and write the result."""
     from actfirst.parallel.context import launched_as_rank
     from actfirst.parallel.launch import launch_ranks
 

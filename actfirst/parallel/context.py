@@ -40,8 +40,8 @@ class ParallelContext:
 
     rank: int
     world_size: int
-    local_rank: int
     device: torch.device
+    """This rank's device: ``cuda:<LOCAL_RANK>`` on GPUs."""
     mesh: DeviceMesh
     """The 1-D mesh FSDP2 shards over (every rank)."""
 
@@ -78,7 +78,7 @@ def init_parallel(timeout_s: float = 1800.0) -> ParallelContext:
     if dist.get_backend() != "gloo":
         _CPU_GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
-    return ParallelContext(rank=rank, world_size=world, local_rank=local, device=device, mesh=mesh)
+    return ParallelContext(rank=rank, world_size=world, device=device, mesh=mesh)
 
 
 def shutdown_parallel() -> None:
@@ -122,9 +122,3 @@ def broadcast_object(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0, group=_CPU_GROUP)
     return box[0]
-
-
-def barrier() -> None:
-    """Wait for every rank."""
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.barrier(group=_CPU_GROUP)

@@ -53,6 +53,32 @@ class PeerWatch:
             except Exception:  # noqa: BLE001 - the store may be gone with the node that hosted it
                 pass
 
+    def fail(self, error: BaseException) -> None:
+        """This rank failed with ``error`` (called before re-raising it). When another rank reported a failure, or a
+        peer's heartbeat has stopped (killed, or its node gone: a collective with it is what failed here), that is
+        the cause: this rank stops at once naming it (exit status ``PEER_STOPPED_EXIT``). Otherwise this rank's
+        failure is reported to the others and the call returns."""
+        own = f"rank {self.rank} failed: {type(error).__name__}: {error}"
+        try:
+            cause = self.store.get("failed").decode() if self.store.check(["failed"]) else None
+            lost = [] if cause else self.silent_peers()
+        except dist.DistStoreError:  # the store's node is gone
+            cause, lost = "the job's store is unreachable", []
+        if lost:
+            cause = f"rank {lost[0]} stopped responding (rank {self.rank} then got {type(error).__name__}: {error})"
+            self.report_failure(cause)
+        if cause:
+            self._exit(cause, force=True)
+        self.report_failure(own)
+
+    def silent_peers(self, window_s: float | None = None) -> list[int]:
+        """The peers (not ended normally) whose heartbeat did not move within ``window_s`` (three intervals)."""
+        peers = [r for r in range(self.world_size)
+                 if r != self.rank and not self.store.check([f"done/{r}"]) and self.store.check([f"beat/{r}"])]
+        before = {r: self.store.get(f"beat/{r}") for r in peers}
+        time.sleep(3 * self.interval_s if window_s is None else window_s)
+        return [r for r in peers if self.store.get(f"beat/{r}") == before[r]]
+
     def report_failure(self, message: str) -> None:
         """Tell every peer why the job fails (``message`` names the failed rank; the first report wins)."""
         self._stop.set()

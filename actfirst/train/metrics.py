@@ -52,11 +52,6 @@ def rollout_rates(counts: dict[str, float]) -> dict[str, float]:
     }
 
 
-def rollout_metrics(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
-    """:func:`rollout_rates` of ``episodes`` alone."""
-    return rollout_rates(rollout_counts(episodes))
-
-
 class MetricsSink:
     """Writes one record per update to ``<out_dir>/metrics.jsonl`` (appending, so a resumed run continues the
     series), to TensorBoard when ``tensorboard`` is installed, and a one-line summary to the terminal."""

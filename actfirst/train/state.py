@@ -37,6 +37,7 @@ _GATHER_BYTES = 1 << 30
 
 
 def rank_file(rank: int) -> str:
+    """The name of a rank's own state in a checkpoint."""
     return f"rank_{rank:05d}.pt"
 
 
@@ -47,11 +48,14 @@ def save_training_checkpoint(out_dir: str | Path, *, update: int, keep: int, ctx
     ``CheckpointError`` on every rank when any part could not be written (the previous checkpoint stays)."""
     contents = {"world_size": ctx.world_size, "trainer_state": sorted(trainer_state)}
     with checkpoint_transaction(out_dir, update=update, keep=keep, contents=contents) as tmp:
+        # The collectives first: a rank whose own write fails below meets the others in the transaction's verdict.
         (tmp / OPTIMIZER_DIR).mkdir(exist_ok=True)
         dcp.save({"optimizer": get_optimizer_state_dict(policy, optimizer)}, checkpoint_id=str(tmp / OPTIMIZER_DIR))
+        full = {}
+        for name, tensor in gathered_parameters(policy.model, dtype=torch.float32, bucket_bytes=_GATHER_BYTES):
+            if ctx.lead:  # only rank 0 keeps the whole student (in host memory)
+                full[name] = tensor.cpu()
         save_plain(tmp / rank_file(ctx.rank), rank_state)
-        full = dict(gathered_parameters(policy.model, dtype=torch.float32, bucket_bytes=_GATHER_BYTES,
-                                        device=torch.device("cpu")))
         if ctx.lead:
             policy.model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
@@ -72,5 +76,5 @@ def load_training_checkpoint(path: str | Path, *, ctx: ParallelContext, policy: 
     dcp.load(state, checkpoint_id=str(path / OPTIMIZER_DIR))
     set_optimizer_state_dict(policy, optimizer, state["optimizer"])
     saved = int(trainer_state["world_size"])
-    ranks = [ctx.rank] if saved == ctx.world_size else range(saved)
+    ranks = [ctx.rank] if saved == ctx.world_size else range(saved)  # (the caller compares the world sizes too)
     return trainer_state, [torch.load(path / rank_file(r), map_location="cpu", weights_only=True) for r in ranks]

@@ -36,6 +36,7 @@ import math
 import random
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ ENGINE_PROBE = "The same weights give the same log-probs on every rank."
 
 @dataclasses.dataclass(slots=True)
 class TrainResult:
-    """What a finished run reports (every rank returns the same)."""
+    """What a finished run reports (every rank the same figures; ``evals`` on rank 0, empty elsewhere)."""
 
     out_dir: Path
     num_updates: int
@@ -91,7 +92,7 @@ class TrainResult:
     weight_version: int
     probe_gaps: list[float]
     evals: list[dict[str, Any]]
-    """The run's evaluations (``evals.jsonl``), the runs before a resume included."""
+    """The run's evaluations (``evals.jsonl``, read by rank 0), the runs before a resume included."""
 
 
 def train(cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
@@ -108,17 +109,19 @@ class TaskStream:
         self.tasks, self.rng, self.queue = tasks, random.Random(seed), deque()
 
     def next(self, n: int) -> list[Any]:
+        """The next ``n`` tasks (a new shuffled pass begins when the queue runs short)."""
         while len(self.queue) < n:
             order = list(self.tasks)
             self.rng.shuffle(order)
             self.queue.extend(order)
         return [self.queue.popleft() for _ in range(n)]
 
-    def state_dict(self, key) -> dict[str, Any]:
+    def state_dict(self, key: Callable[[Any], str]) -> dict[str, Any]:
         """The shuffle's RNG state and the tasks still queued (by ``key(task)``)."""
         return {"rng": self.rng.getstate(), "queue": [key(t) for t in self.queue]}
 
-    def load_state_dict(self, state: dict[str, Any], key) -> None:
+    def load_state_dict(self, state: dict[str, Any], key: Callable[[Any], str]) -> None:
+        """Continue the shuffle and the queue of :meth:`state_dict` (tasks found by ``key``)."""
         by_key = {key(t): t for t in self.tasks}
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
@@ -143,13 +146,29 @@ def share(total: int, rank: int, world_size: int) -> int:
 
 @dataclasses.dataclass(slots=True)
 class UpdateStats:
-    """What one update's rollouts did on this rank."""
+    """What one update did on this rank, up to its weight sync (the probes after it are not counted)."""
 
     rollout_s: float = 0.0
     transitions: int = 0
     batches: int = 0
     failures: list[str] = dataclasses.field(default_factory=list)
     overlapped: bool = False
+    generated: int = 0
+    """Tokens the engine generated (kept or discarded); counters start negative and :meth:`close` adds the end."""
+    discarded: int = 0
+    dropped: int = 0
+    """Samples the staleness rule dropped."""
+    wall_s: float = 0.0
+    records: list[RequestRecord] = dataclasses.field(default_factory=list)
+    """The engine's requests (queue statistics)."""
+
+    def close(self, engine: ActFirstEngine, buffer: SampleBuffer, wall_s: float) -> None:
+        """Take the counters' ends and the request records (the engine's list starts afresh)."""
+        self.generated += engine.num_generated_tokens
+        self.discarded += engine.num_discarded_tokens
+        self.dropped += buffer.num_dropped
+        self.wall_s = wall_s
+        self.records, engine.records = engine.records, []
 
 
 class Trainer:
@@ -233,7 +252,7 @@ class Trainer:
         self.total_transitions = trainer_state["total_transitions"]
         self.first_update, self.elapsed_before = trainer_state["update"] + 1, trainer_state["elapsed_s"]
         self.engine.weight_version = trainer_state["weight_version"]  # the engine loaded the checkpoint's weights
-        if len(rank_states) == 1:  # the same ranks: this rank's state exactly
+        if trainer_state["world_size"] == self.ctx.world_size:  # the same ranks: this rank's state exactly
             state = rank_states[0]
             self.buffer.load_state_dict(state["buffer"])
             self.stream.load_state_dict(state["tasks"], self.benchmark.task_key)
@@ -324,15 +343,16 @@ class Trainer:
     async def step(self, update: int) -> None:
         """One update, phase by phase (see the module docstring)."""
         clock = time.perf_counter()
-        tokens_before = (self.engine.num_generated_tokens, self.engine.num_discarded_tokens, self.buffer.num_dropped)
-        stats = UpdateStats()
+        stats = UpdateStats(generated=-self.engine.num_generated_tokens, discarded=-self.engine.num_discarded_tokens,
+                            dropped=-self.buffer.num_dropped)
         samples = await self.collect_rollouts(stats)
         metrics = await self.score_and_update(samples)
         version = await self.sync_weights(metrics, stats)
-        wall = time.perf_counter() - clock
-        records, self.engine.records = self.engine.records, []  # this update's queue statistics (not the probe's)
+        stats.close(self.engine, self.buffer, time.perf_counter() - clock)  # the probes below are not the update's
+        metrics.update(await self.check_engines())
         metrics.update(await self.probe(update))
-        self.log(update, metrics, stats, version, wall, records, tokens_before)
+        self.engine.records.clear()
+        self.log(update, metrics, stats, version)
         self.save_checkpoint(update)
         await self.evaluate(update)
 
@@ -375,6 +395,8 @@ class Trainer:
             self.engine.sleep()
 
         def work() -> dict[str, Any]:
+            if self.ctx.device.type == "cuda":  # the current CUDA device is per thread
+                torch.cuda.set_device(self.ctx.device)
             t0 = time.perf_counter()
             self.teacher.score(samples)
             t1 = time.perf_counter()
@@ -401,20 +423,28 @@ class Trainer:
             self.policy.model, dtype=_DTYPES[self.cfg.student.dtype],
             bucket_bytes=self.cfg.parallel.sync_bucket_mb << 20))
         metrics["sync_s"] = time.perf_counter() - t0
-        if self.ctx.world_size > 1:
-            metrics["sync/engine_logprob_spread"] = await self._engine_spread()
         return version
 
-    async def _engine_spread(self) -> float:
-        """Largest difference between any rank's engine and rank 0's on a fixed probe (same sampled tokens and
-        log-probs when the engines hold the same weights); infinite when the sampled tokens differ."""
+    async def check_engines(self) -> dict[str, float]:
+        """With several ranks: every engine answers a fixed prompt with a fixed seed; engines that hold the same
+        weights sample the same tokens with the same log-probs. Returns whether every rank's tokens equal rank 0's
+        (``sync/engine_tokens_agree``) and the largest log-prob difference from rank 0's over the tokens up to the
+        first that differs (``sync/engine_logprob_spread``)."""
+        if self.ctx.world_size == 1:
+            return {}
         prompt = self.tokenizer.encode(ENGINE_PROBE, add_special_tokens=False)
         result = await self.engine.generate(prompt, RequestKind.FULL_RESPONSE,
                                             SamplingSpec(max_tokens=8, temperature=1.0, seed=12_345, ignore_eos=True))
         answers = all_gather_objects((result.token_ids, result.logprobs))
         tokens, logps = answers[0]
-        spread = [math.inf if t != tokens else max(abs(a - b) for a, b in zip(lp, logps)) for t, lp in answers]
-        return max(spread)
+        spread = 0.0
+        for other_tokens, other_logps in answers[1:]:
+            for t, u, a, b in zip(tokens, other_tokens, logps, other_logps):
+                spread = max(spread, abs(a - b))
+                if t != u:
+                    break
+        return {"sync/engine_tokens_agree": float(all(t == tokens for t, _ in answers)),
+                "sync/engine_logprob_spread": spread}
 
     # -- 5. probe, log, checkpoint, evaluate ------------------------------------------------------------------------
 
@@ -431,24 +461,20 @@ class Trainer:
         self.teacher.score(samples)
         diffs = [t - s for x in samples for t, s, m in zip(x.teacher_logprobs, x.logprobs, x.loss_mask) if m]
         total, count = reduce_sum([sum(diffs), len(diffs)])
-        self.engine.records.clear()
         gap = total / count if count else math.nan
         self.probe_gaps.append(gap)
         return {"probe/gap": gap}
 
-    def log(self, update: int, metrics: dict[str, float], stats: UpdateStats, version: int, wall: float,
-            records: list[RequestRecord], before: tuple[int, int, int]) -> None:
+    def log(self, update: int, metrics: dict[str, float], stats: UpdateStats, version: int) -> None:
         """Reduce this update's figures over the ranks; rank 0 writes the metrics line and the terminal line."""
-        generated = self.engine.num_generated_tokens - before[0]
-        discarded = self.engine.num_discarded_tokens - before[1]
         keys = sorted(rollout_counts([]))  # the same on every rank, whatever its window holds
         window = {k: sum(c[k] for c in self.recent) for k in keys}
-        sums = reduce_sum([stats.transitions, stats.batches, generated, discarded, len(self.buffer),
-                           self.buffer.num_dropped - before[2], *[window[k] for k in keys]])
+        sums = reduce_sum([stats.transitions, stats.batches, stats.generated, stats.discarded, len(self.buffer),
+                           stats.dropped, *[window[k] for k in keys]])
         transitions, batches, generated, discarded, buffered, dropped = (int(x) for x in sums[:6])
-        slowest = reduce_max([stats.rollout_s, wall])
+        slowest = reduce_max([stats.rollout_s, stats.wall_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
-                                       "failures": stats.failures, "records": records})
+                                       "failures": stats.failures, "records": stats.records})
         self.total_transitions += transitions
         if not self.ctx.lead:
             return
@@ -511,9 +537,9 @@ class Trainer:
         parts = all_gather_objects(report)
         self.engine.records.clear()  # the evaluation's requests are not the next update's queue statistics
         wall = reduce_max([time.perf_counter() - t0])[0]
-        self.eval_s += wall
         if self.ctx.lead:
             self._record_evaluation(update, merge_reports(parts, self.benchmark), wall)
+        self.eval_s += time.perf_counter() - t0  # its report and plot included
 
     def _eval_due(self, update: int) -> bool:
         spec = self.cfg.evaluation

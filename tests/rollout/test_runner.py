@@ -278,7 +278,7 @@ def test_guidance_holds_while_checks_pass_then_falls_back_for_good(engine, tiny_
     """A student that always answers the reference's first action (hand-set bigram weights, see conftest): turn 0's
     inverse-dynamics action reproduces the reference transition and passes its check; the same action at turn 1
     does not, and every later turn is NAP, unchecked."""
-    from actfirst.train.metrics import rollout_metrics
+    from actfirst.train.metrics import rollout_counts, rollout_rates
 
     benchmark, tasks, refs = alfworld
     task = tasks[0]
@@ -297,6 +297,6 @@ def test_guidance_holds_while_checks_pass_then_falls_back_for_good(engine, tiny_
     assert episode.aligned_turns == 1 and episode.fallback_turn == 1 and episode.turns[1].check != "passed"
     assert episode.num_turns == benchmark.max_turns
     assert all(r.source == ActionSource.NEXT_ACTION and r.check is None for r in episode.turns[2:])
-    metrics = rollout_metrics(batch.episodes)
+    metrics = rollout_rates(rollout_counts(batch.episodes))
     assert metrics["align/first_action"] == 1.0 and metrics["align/full_trajectory"] == 0.0
     assert metrics["align/turn_coverage"] == 1 / episode.num_turns and metrics["fallback/mean_turn"] == 1.0

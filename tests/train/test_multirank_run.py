@@ -3,9 +3,10 @@ external_launcher), generated ALFWorld games, tiny models, gloo.
 
 - ``python -m actfirst.run --nproc-per-node 2`` starts two ranks through PyTorch's elastic launcher: after each
   weight sync both engines answer a fixed probe alike, the trainer's log-probs match the engine's, the checkpoint
-  holds both ranks' state; ``--resume`` continues it on one rank.
+  holds both ranks' state; ``--resume`` continues it on one rank, and then on two again.
 - A rank killed with SIGKILL ends the whole run within seconds with a line naming it; ``--resume`` finishes it.
-- Two torchrun agents on this machine, as two nodes of one rank each, run the same command.
+- Two torchrun agents on this machine, as two nodes of one rank each, run the same command (with rollouts
+  overlapping the update and the teacher sharded).
 """
 
 import json
@@ -54,10 +55,13 @@ def test_two_ranks_sync_their_engines_and_resume_on_one(base, tmp_path):
     series = rows(out_dir)
     assert [r["update"] for r in series] == [1, 2] and {r["world_size"] for r in series} == {2}
     assert [r["weight_version"] for r in series] == [1, 2]
-    # Both engines answer the fixed probe with the same tokens and log-probs after every sync.
-    assert all(r["sync/engine_logprob_spread"] <= 1e-6 for r in series), [r["sync/engine_logprob_spread"]
-                                                                            for r in series]
+    # Both engines answer the fixed probe with the same tokens and log-probs after every sync ...
+    assert all(r["sync/engine_tokens_agree"] == 1 and r["sync/engine_logprob_spread"] <= 1e-6 for r in series), \
+        [(r["sync/engine_tokens_agree"], r["sync/engine_logprob_spread"]) for r in series]
+    # ... and hold the trainer's weights: log pi_old of samples generated after a sync match the trainer's.
+    synced = [r["mismatch_mean"] for r in series[1:] if r["mismatch_mean"] is not None]
     assert series[0]["mismatch_mean"] < 1e-4 and series[0]["version_lag_mean"] == 0
+    assert synced and max(synced) < 1e-4, [r["mismatch_mean"] for r in series]
     assert all(len(r["ranks"]["transitions"]) == 2 and sum(r["ranks"]["transitions"]) == r["transitions"]
                for r in series)
     ckpt = out_dir / "checkpoints" / "update_000002"
@@ -74,6 +78,13 @@ def test_two_ranks_sync_their_engines_and_resume_on_one(base, tmp_path):
     series = rows(out_dir)
     assert [(r["update"], r["world_size"], r["weight_version"]) for r in series] == [(1, 2, 1), (2, 2, 2), (3, 1, 3)]
     assert series[2]["lr"] == series[1]["lr"] and series[2]["skipped"] == 0
+
+    proc = run("--config", str(config), "--resume", "--nproc-per-node", "2", "num_updates=4")  # and back to two
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "(update 3, weight version 3); 1 -> 2 ranks" in proc.stdout
+    series = rows(out_dir)
+    assert [(r["update"], r["world_size"]) for r in series] == [(1, 2), (2, 2), (3, 1), (4, 2)]
+    assert series[3]["sync/engine_tokens_agree"] == 1 and series[3]["skipped"] == 0
 
 
 def rank_pid(launcher: psutil.Process, rank: int) -> int | None:
@@ -135,7 +146,10 @@ def _in_group(process: psutil.Process, pgid: int) -> bool:
 
 
 def test_two_torchrun_agents_as_two_nodes(base, tmp_path):
-    config, out_dir = write_config(base, tmp_path, num_updates=2)
+    """Also the paths a node run may take that the other tests do not: rollouts overlapping the update (in a thread),
+    and a teacher sharded over the ranks."""
+    config, out_dir = write_config(base, tmp_path, num_updates=2, overlap=True,
+                                   parallel={"teacher": "shard", "compute_dtype": "float32"})
     endpoint = f"127.0.0.1:{free_port()}"
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts",
@@ -147,4 +161,5 @@ def test_two_torchrun_agents_as_two_nodes(base, tmp_path):
     assert any("done: 2 updates on 2 rank(s)" in o for o in outputs)
     series = rows(out_dir)
     assert [r["update"] for r in series] == [1, 2] and {r["world_size"] for r in series} == {2}
-    assert all(r["sync/engine_logprob_spread"] <= 1e-6 for r in series)
+    assert all(r["sync/engine_tokens_agree"] == 1 and r["sync/engine_logprob_spread"] <= 1e-6 for r in series)
+    assert all(0 <= r["version_lag_mean"] <= 1 for r in series) and series[0]["overlapped"]

@@ -195,3 +195,71 @@ def test_peer_watch_stops_a_rank_whose_peer_died(how, within, capfd):
     err = capfd.readouterr().err
     why = "rank 1 stopped responding" if how == "silent" else "rank 1 failed: ValueError: injected"
     assert f"[rank 0] stopping: {why}" in err, err
+
+
+def failing_checkpoint_rank(model_dir, out_dir):
+    """Rank 1's own part of a checkpoint cannot be written (a value checkpoints refuse): every rank must raise,
+    none wait for the others, and nothing is committed."""
+    from transformers import AutoTokenizer
+
+    from actfirst.train.checkpoint import CheckpointError, latest_checkpoint
+    from actfirst.train.state import save_training_checkpoint
+    from actfirst.train.student import StudentUpdater
+
+    ctx, policy = _policy(model_dir)
+    up = StudentUpdater(policy, optim=OptimConfig(lr=ADAM_LR), loss=LossConfig(), temperature=1.0, num_updates=1)
+    rank_state = {"rank": ctx.rank} if ctx.rank == 0 else {"rank": object()}
+    with pytest.raises(CheckpointError) as error:
+        save_training_checkpoint(out_dir, update=1, keep=1, ctx=ctx, policy=policy, optimizer=up.optimizer,
+                                 tokenizer=AutoTokenizer.from_pretrained(model_dir),
+                                 trainer_state={"updater": up.state_dict()}, rank_state=rank_state)
+    return {"message": str(error.value), "latest": latest_checkpoint(out_dir)}
+
+
+def test_a_rank_whose_checkpoint_part_fails_fails_every_rank(tiny_model_dir, tmp_path):
+    results = spawn_ranks(failing_checkpoint_rank, 2, str(tiny_model_dir), str(tmp_path), timeout=120)
+    for r in results:
+        assert "checkpoint of update 1 not written" in r["message"] and "(rank 1): TypeError" in r["message"]
+        assert r["latest"] is None
+    assert not [p for p in (tmp_path / "checkpoints").iterdir() if p.name.startswith(("update_", ".tmp-"))]
+
+
+def lost_peer_rank(timeout_s: float) -> None:
+    """Rank 1 dies silently; rank 0's next collective with it fails, and its failure handler finds the cause."""
+    import os
+
+    import torch.distributed as dist
+
+    from actfirst.parallel.context import init_parallel
+    from actfirst.parallel.watchdog import PeerWatch
+
+    ctx = init_parallel()
+    watch = PeerWatch(ctx.rank, ctx.world_size, timeout_s=timeout_s, interval_s=0.2).start()
+    dist.barrier()
+    if ctx.rank == 1:
+        time.sleep(0.5)
+        os._exit(9)
+    try:
+        time.sleep(1.5)
+        dist.all_reduce(torch.ones(1))  # gloo: the connection to the dead rank is reset
+    except BaseException as e:
+        watch.fail(e)  # exits naming rank 1 when it sees rank 1's heartbeat stopped
+        raise
+
+
+def test_a_collective_failed_by_a_lost_peer_names_the_peer(capfd):
+    """Across nodes the rank that notices first is the one whose collective failed: it must blame the peer whose
+    heartbeat stopped, not itself (the peer watch's own timeout, 60 s here, is not what stops it)."""
+    from actfirst.parallel.launch import PEER_STOPPED_EXIT
+
+    started = time.perf_counter()
+    procs, _ = start_ranks(lost_peer_rank, 2, 60.0)
+    procs[0].join(timeout=40)
+    took = time.perf_counter() - started
+    for p in procs:
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+    assert [p.exitcode for p in procs] == [PEER_STOPPED_EXIT, 9] and took < 40
+    err = capfd.readouterr().err
+    assert "[rank 0] stopping: rank 1 stopped responding (rank 0 then got" in err, err
