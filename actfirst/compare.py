@@ -21,6 +21,7 @@ from typing import Any
 from actfirst.config import STRATEGIES, ConfigError
 from actfirst.eval_report import _finite
 from actfirst.train.plots import new_figure, read_records, save_figure, sr_points
+from actfirst.user_input import check_writable_dir, command
 
 METHODS = {"vanilla": "Vanilla OPD", "actfirst": "ActFirst-OPD", "no_id": "w/o ID", "no_nap": "w/o NAP fallback",
            "ref_prefix_50": "Reference-Prefix Replay (50%)", "ref_prefix_100": "Reference-Prefix Replay (100%)"}
@@ -139,27 +140,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     """Load and prepare every strategy's config, train each run, write and print the comparison."""
     args = parse_args(argv)
     from actfirst.eval_report import teacher_summary
-    from actfirst.prepare import ensure_prepared
+    from actfirst.prepare import check_inputs, ensure_prepared
     from actfirst.run import load_run_config
     from actfirst.train.trainer import train
 
     out = Path(args.out)
-    try:  # every config first: a bad one is refused before hours of training
-        configs = {s: load_run_config(args.config, [*args.overrides, f"rollout.strategy={s}", f"out_dir={out / s}"])
-                   for s in args.strategies}
-        existing = [cfg.out_dir for cfg in configs.values() if (Path(cfg.out_dir) / "metrics.jsonl").exists()]
-        if existing and not args.resume:
-            raise ConfigError(f"{', '.join(existing)}: already hold a run; pass --resume to continue, or choose "
-                              f"another --out")
-        for cfg in configs.values():
-            ensure_prepared(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    check_writable_dir(out, "--out")
+    # every config first: a bad one is refused before hours of training
+    configs = {s: load_run_config(args.config, [*args.overrides, f"rollout.strategy={s}", f"out_dir={out / s}"])
+               for s in args.strategies}
+    existing = [cfg.out_dir for cfg in configs.values() if (Path(cfg.out_dir) / "metrics.jsonl").exists()]
+    if existing and not args.resume:
+        raise ConfigError(f"--out={args.out!r}: {', '.join(existing)} already hold a run; pass --resume to "
+                          f"continue, or choose another --out")
+    for cfg in configs.values():
+        check_inputs(cfg, buildable=True)
+    for cfg in configs.values():
+        ensure_prepared(cfg)
     for strategy, cfg in configs.items():
         print(f"== {METHODS[strategy]} ({strategy}) -> {cfg.out_dir}", flush=True)
         train(cfg, resume=args.resume)

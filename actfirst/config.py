@@ -16,17 +16,14 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
+from actfirst.user_input import ConfigError, check_exists, read_text
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo" / "scienceworld_lifespan.yaml"
 """The CPU demo's config (``python -m actfirst.run`` with no ``--config``)."""
-
-
-class ConfigError(ValueError):
-    """A configuration value was rejected; the message names the dotted key and the value."""
 
 
 _CHECK_PATHS: contextvars.ContextVar[bool] = contextvars.ContextVar("actfirst_check_paths", default=True)
@@ -45,7 +42,7 @@ def paths_unchecked():
 
 def _check_dir(path: str, key: str) -> None:
     if _CHECK_PATHS.get():
-        _check(Path(path).is_dir(), key, path, "is not a directory")
+        check_exists(path, key)
 
 
 def _check(ok: bool, key: str, value: Any, why: str) -> None:
@@ -147,6 +144,8 @@ class ScienceWorldConfig:
     """The evaluated task types (None: all 30, as C.1 evaluates)."""
     eval_variations: int = 5
     """Evaluation instances per type: its last N variations (C.1: 5)."""
+    EVALUATION_ONLY: ClassVar[tuple[str, ...]] = ("eval_task_types", "eval_variations")
+    """Keys that do not shape a training task's transitions (a reference cache does not depend on them)."""
 
     def __post_init__(self) -> None:
         from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
@@ -430,7 +429,7 @@ class PrepareConfig:
         _check(self.teacher_rollouts >= 0, "teacher_rollouts", self.teacher_rollouts, "must be >= 0")
         for i, f in enumerate(self.candidate_files):
             if _CHECK_PATHS.get():
-                _check(Path(f).is_file(), f"candidate_files[{i}]", f, "is not a file")
+                check_exists(f, f"candidate_files[{i}]", "file")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -555,10 +554,10 @@ class TrainConfig:
 def check_paths(cfg: TrainConfig, *, references: bool = True) -> None:
     """Raise :class:`ConfigError` naming the first input path of ``cfg`` that does not exist (``references``: the
     reference cache too)."""
-    _check(Path(cfg.student.model).is_dir(), "student.model", cfg.student.model, "is not a directory")
-    _check(Path(cfg.teacher).is_dir(), "teacher", cfg.teacher, "is not a directory")
+    check_exists(cfg.student.model, "student.model")
+    check_exists(cfg.teacher, "teacher")
     if references and cfg.references is not None:
-        _check(Path(cfg.references).is_file(), "references", cfg.references, "is not a file")
+        check_exists(cfg.references, "references", "file")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -651,21 +650,32 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = parse_yaml(raw, f"override {item!r}")
     return data
 
 
-def load_config(cls: type, path: str | os.PathLike | None, overrides: list[str] | None = None) -> Any:
+def load_config(cls: type, path: str | os.PathLike | None, overrides: list[str] | None = None, *,
+                key: str = "--config") -> Any:
     """Load ``cls`` from a YAML file (or from nothing) plus dotted overrides, validating everything (input paths
-    too, except inside :func:`paths_unchecked`)."""
+    too, except inside :func:`paths_unchecked`). ``key``: what errors about the file call it."""
     data: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
+        data = parse_yaml(read_text(path, key), f"{key}={str(path)!r}") or {}
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping")
+            raise ConfigError(f"{key}={str(path)!r}: the top level must be a mapping, not {type(data).__name__}")
     apply_overrides(data, list(overrides or []))
     return _build(cls, data, "")
+
+
+def parse_yaml(text: str, what: str) -> Any:
+    """``text`` as YAML; malformed YAML is refused naming ``what`` and where the parser stopped."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ConfigError(f"{what}: not valid YAML{where}: {problem}") from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

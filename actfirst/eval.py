@@ -35,6 +35,7 @@ from typing import Any
 from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig, load_config
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.eval_report import EpisodeRecord, EvalReport, response_hash
+from actfirst.user_input import check_model_dir, check_writable_file, command
 
 EVAL_SEEDS = (42, 43, 44)
 """C.4's evaluation seeds."""
@@ -317,22 +318,21 @@ async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: Rollout
         await engine.shutdown()
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
+    """Evaluate a checkpoint (every input checked before the engine starts); returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not Path(args.checkpoint).is_dir():
-        parser.error(f"--checkpoint={args.checkpoint}: not a directory")
     if args.max_in_flight < 1:
         parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
     if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
         parser.error(f"--seeds={args.seeds}: need distinct seeds >= 0")
-    try:
-        benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
-            args.checkpoint, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
-            budget="eval_total")
-    except (ConfigError, ValueError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    check_model_dir(args.checkpoint, "--checkpoint")
+    if args.out:
+        check_writable_file(args.out, "--out")
+    benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
+        args.checkpoint, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
+        budget="eval_total")
     report = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
     report.meta.update({"checkpoint": str(args.checkpoint), "split": args.split})
     if args.out:

@@ -37,12 +37,14 @@ from actfirst.config import (
     EngineConfig,
     SFTConfig,
     TrainConfig,
-    check_paths,
     load_config,
     paths_unchecked,
 )
 from actfirst.envs.benchmarks import Benchmark, get_benchmark
 from actfirst.eval_report import TEACHER_EVAL
+from actfirst.models.tokenizers import check_tokenizers_match
+from actfirst.references import load_references, read_candidates
+from actfirst.user_input import check_model_dir, check_writable_dir, command
 
 SFT_RECORD = "actfirst_sft.json"
 """How a built model was trained (losses, wall-clock, throughput), in its directory."""
@@ -56,10 +58,10 @@ def load_prepare_config(config: str | None, overrides: list[str]) -> TrainConfig
 
 def ensure_prepared(cfg: TrainConfig) -> dict[str, float]:
     """Build whatever ``cfg`` needs that is missing (see the module docstring); returns each stage's wall-clock
-    (s) for the stages that ran. Raises ``ConfigError`` naming a missing input that cannot be built."""
+    (s) for the stages that ran. Every input is checked first (:func:`check_inputs` with ``buildable``) and again
+    once built; a ``ConfigError`` names the first that cannot be used."""
+    check_inputs(cfg, buildable=True)
     build = cfg.prepare.build_models
-    if build is None:
-        check_paths(cfg, references=False)  # the teacher and the student are the user's: report before any work
     benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
     timings: dict[str, float] = {}
     if cfg.references is not None and not Path(cfg.references).is_file():
@@ -86,8 +88,36 @@ def ensure_prepared(cfg: TrainConfig) -> dict[str, float]:
             started = time.perf_counter()
             _build_student(cfg, build, benchmark, steps)
             timings["student_warm_start_s"] = time.perf_counter() - started
-    check_paths(cfg)
+    if timings:
+        check_inputs(cfg)
     return timings
+
+
+def check_inputs(cfg: TrainConfig, *, buildable: bool = False) -> None:
+    """Everything a training run reads, before any engine, JVM or model starts: the student and the teacher are
+    Hugging Face model directories (config, tokenizer, weights) with the same tokenizer, the reference cache is one
+    of this benchmark and config covering the training tasks, and ``out_dir`` can be written. ``buildable``: a path
+    that preparation builds may be missing (its directory must then be writable)."""
+    built = cfg.prepare.build_models is not None
+    models = [("student.model", cfg.student.model), ("teacher", cfg.teacher)]
+    for key, path in models:
+        if buildable and built and not Path(path).exists():
+            check_writable_dir(Path(path).parent, key)
+        else:
+            check_model_dir(path, key)
+    if all(Path(path).exists() for _, path in models):
+        check_tokenizers_match(cfg.student.model, cfg.teacher)
+    if cfg.references is not None:
+        if Path(cfg.references).is_file():
+            benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
+            load_references(cfg.references, benchmark=benchmark,
+                            tasks=[benchmark.task_key(t) for t in cfg.training_tasks(benchmark)])
+        elif buildable:
+            read_candidates(cfg.prepare.candidate_files, "prepare.candidate_files")
+            check_writable_dir(Path(cfg.references).parent, "references")
+        else:
+            raise ConfigError(f"references={cfg.references!r}: no such file")
+    check_writable_dir(cfg.out_dir, "out_dir")
 
 
 # -- the reference cache ------------------------------------------------------------------------------------------
@@ -144,7 +174,6 @@ def _build_references(cfg: TrainConfig, benchmark: Benchmark, candidate_files: l
 
 def _expert_steps(cfg: TrainConfig, benchmark: Benchmark):
     from actfirst.envs.workers import EnvPool
-    from actfirst.references import load_references
     from actfirst.train.sft import expert_steps
 
     references = load_references(cfg.references)
@@ -236,17 +265,15 @@ def evaluate_teacher(cfg: TrainConfig, benchmark: Benchmark) -> dict[str, Any]:
     return report.summary()
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
+    """Prepare what the config needs; returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m actfirst.prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo's)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    try:
-        cfg = load_prepare_config(args.config or str(DEMO_CONFIG), args.overrides)
-        timings = ensure_prepared(cfg)
-    except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_prepare_config(args.config or str(DEMO_CONFIG), args.overrides)
+    timings = ensure_prepared(cfg)
     done = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in timings.items()) or "nothing to do: everything exists"
     print(f"[prepare] {done}; references {cfg.references}, teacher {cfg.teacher}, student {cfg.student.model}")
     return 0

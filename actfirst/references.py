@@ -33,9 +33,10 @@ from typing import Any
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, load_benchmark, select_tasks
 from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
+from actfirst.user_input import ConfigError, check_writable_file, command, read_jsonl, read_text
 
 
-class PartialCacheError(RuntimeError):
+class PartialCacheError(ConfigError):
     """A reference cache does not cover every task (and partial use was not asked for)."""
 
 
@@ -51,21 +52,17 @@ async def replay(worker: EnvWorker, task: Any, actions: Sequence[str]) -> tuple[
     return executed, transitions
 
 
-def read_candidates(paths: Sequence[str | Path]) -> dict[str, list[tuple[str, list[str]]]]:
-    """Candidate action sequences by task key from JSONL files; a malformed line is an error naming it."""
+def read_candidates(paths: Sequence[str | Path], key: str = "--candidates") -> dict[str, list[tuple[str, list[str]]]]:
+    """Candidate action sequences by task key from JSONL files; a missing file or malformed line is refused naming
+    ``key``, the file and the line."""
     out: dict[str, list[tuple[str, list[str]]]] = {}
     for path in paths:
-        for n, line in enumerate(Path(path).read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                key, actions = str(row["task"]), row["actions"]
-                if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
-                    raise TypeError("actions must be a list of strings")
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{n}: bad candidate line ({e}): {line[:120]!r}") from e
-            out.setdefault(key, []).append((f"candidates:{Path(path).name}", actions))
+        for n, row in read_jsonl(path, key):
+            actions = row.get("actions")
+            if "task" not in row or not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
+                raise ConfigError(f"{key}={str(path)!r}: line {n} is not a candidate (want {{\"task\": <key>, "
+                                  f"\"actions\": [<string>, ...]}}): {json.dumps(row)[:120]}")
+            out.setdefault(str(row["task"]), []).append((f"candidates:{Path(path).name}", actions))
     return out
 
 
@@ -95,14 +92,59 @@ async def build_one(benchmark: Benchmark, worker: EnvWorker, task: Any, candidat
     return best
 
 
-def load_references(path: str | Path, allow_partial: bool = False) -> dict[str, Reference]:
-    """A cache by task key; refuses a cache below 100% coverage unless ``allow_partial``."""
-    meta = json.loads(Path(f"{path}.meta.json").read_text())
+def load_references(path: str | Path, *, benchmark: Benchmark | None = None, tasks: Sequence[str] = (),
+                    allow_partial: bool = False, key: str = "references") -> dict[str, Reference]:
+    """A cache by task key. Refused (:class:`ConfigError` naming ``key`` and the path): a missing file or metadata, a
+    malformed line, a cache of another benchmark or benchmark config than ``benchmark``'s, coverage below 100%
+    (unless ``allow_partial``: :class:`PartialCacheError`), and a cache without a reference for one of ``tasks``."""
+    what = f"{key}={str(path)!r}"
+    if not Path(f"{path}.meta.json").is_file():
+        raise ConfigError(f"{what}: no {Path(path).name}.meta.json beside it: not a cache written by "
+                          f"python -m actfirst.references build (or actfirst.prepare)")
+    meta = json.loads(read_text(f"{path}.meta.json", f"{key} metadata"))
+    if benchmark is not None:
+        _check_cache_of(meta, benchmark, what)
     if meta["coverage"] < 1.0 and not allow_partial:
-        raise PartialCacheError(f"{path}: coverage {meta['coverage']:.1%} ({meta['covered']}/{meta['tasks']}), "
+        raise PartialCacheError(f"{what}: coverage {meta['coverage']:.1%} ({meta['covered']}/{meta['tasks']}), "
                                 f"missing {meta['missing'][:10]}; pass allow_partial=True to use it anyway")
-    refs = [Reference.from_json(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    return {r.task: r for r in refs}
+    refs = {}
+    for n, row in read_jsonl(path, key):
+        try:
+            ref = Reference.from_dict(row)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"{what}: line {n} is not a reference ({type(e).__name__}: {e})") from None
+        refs[ref.task] = ref
+    missing = [t for t in tasks if t not in refs]
+    if missing:
+        raise ConfigError(f"{what}: no reference for {len(missing)} of the {len(tasks)} training tasks, e.g. "
+                          f"{missing[:5]}")
+    return refs
+
+
+def transition_config(config: Any) -> dict[str, Any]:
+    """A benchmark config as a cache's metadata records it: the keys that shape a training task's transitions (its
+    ``EVALUATION_ONLY`` keys left out), as JSON values."""
+    skip = _evaluation_only(config)
+    return {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(config))).items() if k not in skip}
+
+
+def _evaluation_only(config: Any) -> tuple[str, ...]:
+    return getattr(type(config), "EVALUATION_ONLY", ())
+
+
+def _check_cache_of(meta: dict[str, Any], benchmark: Benchmark, what: str) -> None:
+    """The cache's metadata must name ``benchmark`` and its config (every key of the run's config that the cache
+    recorded, with the same value)."""
+    if meta.get("benchmark") != benchmark.name:
+        raise ConfigError(f"{what}: a cache of benchmark {meta.get('benchmark')!r}, not of {benchmark.name!r}")
+    ours = transition_config(benchmark.config)
+    theirs = {k: v for k, v in meta.get("config", {}).items() if k not in _evaluation_only(benchmark.config)}
+    differ = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+    if differ:
+        k = differ[0]
+        raise ConfigError(f"{what}: built under another {benchmark.name} config ({len(differ)} key(s) differ, e.g. "
+                          f"{k}: cache {theirs.get(k)!r}, run {ours.get(k)!r}); rebuild it or point references at "
+                          f"this config's cache")
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -178,7 +220,7 @@ async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: Env
 
     await asyncio.gather(*(run(w) for w in pool.workers))
     covered = [k for k in keys if k in done]
-    meta = {"benchmark": benchmark.name, "config": dataclasses.asdict(benchmark.config), "tasks": len(keys),
+    meta = {"benchmark": benchmark.name, "config": transition_config(benchmark.config), "tasks": len(keys),
             "covered": len(covered), "coverage": len(covered) / max(1, len(keys)),
             "missing": [k for k in keys if k not in done], "failures": failed,
             "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "shortened": benchmark.shortens_candidates and shorten,
@@ -198,16 +240,15 @@ async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: Env
 async def _build(args: argparse.Namespace) -> int:
     benchmark = load_benchmark(args.benchmark, args.config, args.set)
     tasks = select_tasks(benchmark, benchmark.tasks("train"), args.task_types, args.per_type)
+    read_candidates(args.candidates)  # a bad file is refused before any simulator starts
+    check_writable_file(args.out, "--out")
     with EnvPool(benchmark.env_spec(), size=min(args.workers, max(1, len(tasks)))) as pool:
-        try:
-            await build_references(benchmark, tasks, pool, out=args.out, candidate_files=args.candidates,
-                                   shorten=not args.no_shorten, allow_partial=args.allow_partial)
-        except PartialCacheError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
+        await build_references(benchmark, tasks, pool, out=args.out, candidate_files=args.candidates,
+                               shorten=not args.no_shorten, allow_partial=args.allow_partial)
     return 0
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m actfirst.references", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)

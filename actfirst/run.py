@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from actfirst.config import DEMO_CONFIG, ConfigError, TrainConfig, check_paths
+from actfirst.config import DEMO_CONFIG, ConfigError, TrainConfig
 from actfirst.eval_report import difference_interval, teacher_summary
+from actfirst.user_input import command
 
 if TYPE_CHECKING:
     from actfirst.train.trainer import TrainResult
@@ -57,21 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     """Launch the run (no torchrun environment) or run this process's rank; returns the exit status."""
     from actfirst.parallel.context import launched_as_rank
+    from actfirst.prepare import check_inputs
 
     args = build_parser().parse_args(argv)
     if not launched_as_rank():
         return launch(args)
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    try:  # a rank started by the launcher or by torchrun: the inputs must exist
-        cfg = load_run_config(args.config, args.overrides)
-        check_paths(cfg)
-    except ConfigError as e:
-        print(f"config error (rank {os.environ['RANK']}): {e}", file=sys.stderr)
-        return 2
+    cfg = load_run_config(args.config, args.overrides)  # a rank started by the launcher or by torchrun
+    check_inputs(cfg)
     return record(run_rank)(args, cfg)  # an error is written where the launcher reads it
 
 
@@ -82,19 +81,15 @@ def launch(args: argparse.Namespace) -> int:
 
     started = time.time()
     nproc = default_nproc() if args.nproc_per_node is None else args.nproc_per_node
-    try:
-        if nproc < 1:
-            raise ConfigError(f"--nproc-per-node={nproc}: must be >= 1")
-        cfg = load_run_config(args.config, args.overrides)
-        check_layout(cfg, nproc)
-        if not args.resume and (Path(cfg.out_dir) / "metrics.jsonl").exists():
-            raise ConfigError(f"out_dir={cfg.out_dir!r} holds a run: add --resume to continue it, or give another "
-                              f"out_dir=... to start a new one")
-        print(f"[run] config {args.config or DEMO_CONFIG}; out_dir {cfg.out_dir}; {nproc} rank(s)", flush=True)
-        timings = prepare(cfg, args, in_child=nproc > 1)
-    except (ConfigError, FileExistsError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    if nproc < 1:
+        raise ConfigError(f"--nproc-per-node={nproc}: must be >= 1")
+    cfg = load_run_config(args.config, args.overrides)
+    check_layout(cfg, nproc)
+    if not args.resume and (Path(cfg.out_dir) / "metrics.jsonl").exists():
+        raise ConfigError(f"out_dir={cfg.out_dir!r} holds a run: add --resume to continue it, or give another "
+                          f"out_dir=... to start a new one")
+    print(f"[run] config {args.config or DEMO_CONFIG}; out_dir {cfg.out_dir}; {nproc} rank(s)", flush=True)
+    timings = prepare(cfg, args, in_child=nproc > 1)  # every input is checked first
     os.environ[LAUNCH_ENV] = json.dumps({"started": started, "prepare_s": time.time() - started,
                                          "prepare_stages_s": timings})
     if nproc == 1:

@@ -32,10 +32,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig
+from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.eval import MAX_TASKS, check_fits, episode_seed, pick_tasks, play_jobs, seed_stride, serving_configs
 from actfirst.references import _write_atomically
+from actfirst.user_input import check_model_dir, check_writable_file, command
 
 MAX_REPEATS = 1 << 10
 """Rollout seeds leave room for this many repeats per task."""
@@ -173,24 +174,22 @@ async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: Rollout
     return candidates
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
+    """Play the teacher's rollouts and write the successful ones (every input checked first); the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not Path(args.teacher).is_dir():
-        parser.error(f"--teacher={args.teacher}: not a directory")
     if not 1 <= args.per_task <= MAX_REPEATS:
         parser.error(f"--per-task={args.per_task}: must be in [1, {MAX_REPEATS}]")
     if args.max_in_flight < 1:
         parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
     if args.seed < 0:
         parser.error(f"--seed={args.seed}: must be >= 0")
-    try:
-        benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
-            args.teacher, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
-            budget="total")
-    except (ConfigError, ValueError) as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    check_model_dir(args.teacher, "--teacher")
+    check_writable_file(args.out, "--out")
+    benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
+        args.teacher, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
+        budget="total")
     candidates = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
     print(f"wrote {write_candidates(args.out, candidates)}", flush=True)
     return 0

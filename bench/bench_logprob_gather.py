@@ -28,13 +28,15 @@ import gc
 import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
-from timing import median_time, sync
-
 from actfirst.kernels import paths
 from actfirst.kernels.dispatch import last_path, logprob_gather, ppo_loss_from_hidden
+from timing import median_time, sync
+
+from actfirst.user_input import check_writable_file, command
 
 QWEN3_V = 151_936
 QWEN3_H = {"0.6B": 1024, "1.7B": 2048, "4B": 2560, "8B": 4096}
@@ -176,7 +178,8 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 on the CPU")
@@ -188,7 +191,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--shrunken", action="store_true", help=f"V = {SHRUNKEN_V}, H / {SHRUNKEN_H_DIVISOR}")
     parser.add_argument("--out", default="runs/bench/logprob_gather.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_writable_file(args.out, "--out")
     args.dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     providers = list(args.providers)
     for provider in [p for p in providers if p in OPTIONAL and importlib.util.find_spec(OPTIONAL[p]) is None]:
@@ -221,7 +225,7 @@ def main() -> None:
     failed = [r for r in rows if r["provider"] in OURS and "error" in r and r["error"] != "out of memory"]
     if failed:
         raise SystemExit(f"{len(failed)} of our cells failed: {failed}")
-
+    return 0
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
-from timing import median_time
-
 from actfirst.kernels.dispatch import ppo_loss
 from actfirst.kernels.ppo_loss import ppo_loss_reference
+from timing import median_time
+
+from actfirst.user_input import check_writable_file, command
 
 BYTES_PER_TOKEN = 28
 
@@ -56,7 +58,8 @@ def providers(logp, old, teacher, mask, idx, num_samples: int, backend: str | No
             "fused": call(lambda *a: ppo_loss(*a, backend=backend))}
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tokens", type=int, nargs="+", default=[65_536, 262_144, 1_048_576])
@@ -64,7 +67,8 @@ def main() -> None:
     parser.add_argument("--backend", default=None, help="force the fused op's backend (triton on the CPU: dry run)")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", default="runs/bench/ppo_loss.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_writable_file(args.out, "--out")
     dev = args.device
     ceiling = copy_bandwidth(dev)
     print(f"copy bandwidth on this machine: {ceiling:.1f} GB/s ({dev}); {BYTES_PER_TOKEN} bytes a token", flush=True)
@@ -86,7 +90,7 @@ def main() -> None:
     out.write_text(json.dumps({"device": dev, "copy_gb_per_s": ceiling, "bytes_per_token": BYTES_PER_TOKEN,
                                "rows": rows}, indent=2))
     print(f"wrote {out}")
-
+    return 0
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

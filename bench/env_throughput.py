@@ -17,11 +17,13 @@ import asyncio
 import json
 import random
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from actfirst.envs.benchmarks import BENCHMARKS, load_benchmark, select_tasks
 from actfirst.envs.workers import EnvPool
+from actfirst.user_input import check_writable_file, command
 
 
 async def warm_up(pool: EnvPool, tasks: list) -> None:
@@ -65,7 +67,8 @@ async def drive(pool: EnvPool, tasks: list, seconds: float, max_turns: int, seed
             "step_ms_median": 1e3 * statistics.median(step_s), "reset_ms_median": 1e3 * statistics.median(reset_s)}
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--benchmarks", nargs="+", default=["scienceworld", "alfworld"], choices=sorted(BENCHMARKS))
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 16])
@@ -74,7 +77,8 @@ def main() -> None:
     parser.add_argument("--set", nargs="*", default=["alfworld.games_per_type=2"], metavar="NAME.KEY=VALUE",
                         help="config overrides per benchmark, e.g. scienceworld.max_turns=30")
     parser.add_argument("--out", default="runs/env_throughput.jsonl", help="results, one JSON line per run")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_writable_file(args.out, "--out")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for name in args.benchmarks:
         overrides = [o.removeprefix(f"{name}.") for o in args.set if o.startswith(f"{name}.")]
@@ -95,7 +99,7 @@ def main() -> None:
                   f"startup {startup:.1f} s", flush=True)
             with open(args.out, "a") as f:
                 f.write(json.dumps(row) + "\n")
-
+    return 0
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

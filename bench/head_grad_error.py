@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 
 import torch
-
 from actfirst.kernels.dispatch import last_path, ppo_loss_from_hidden
 from actfirst.kernels.ppo_loss import ppo_loss_reference
+
+from actfirst.user_input import check_writable_file, command
 
 QWEN3_V, QWEN3_H = 151_936, {"0.6B": 1024, "1.7B": 2048, "4B": 2560, "8B": 4096}
 SHRUNKEN_V, SHRUNKEN_H_DIVISOR = 1000, 64
@@ -78,7 +80,8 @@ def measure(n: int, h: int, v: int, args) -> list[dict]:
     return rows
 
 
-def main() -> None:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--tokens", type=int, nargs="+", default=[16384])
@@ -86,7 +89,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=None, help="row chunks (default: the dispatcher's budget)")
     parser.add_argument("--shrunken", action="store_true", help=f"V = {SHRUNKEN_V}, H / {SHRUNKEN_H_DIVISOR}")
     parser.add_argument("--out", default="runs/bench/head_grad_error.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    check_writable_file(args.out, "--out")
     v = SHRUNKEN_V if args.shrunken else QWEN3_V
     results = []
     print("| model | N | chunks | accumulation | dW rel. Frobenius | dW max rel. | dh rel. Frobenius |\n"
@@ -102,7 +106,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": args.device, "shrunken": args.shrunken, "rows": results}, indent=2))
     print(f"wrote {out}")
-
+    return 0
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -32,6 +32,7 @@ from actfirst.envs.workers import EnvPool
 from actfirst.models.factory import build_model
 from actfirst.references import build_references
 from actfirst.train.trainer import train
+from actfirst.user_input import check_writable_dir, command
 
 TEACHER_HEAD_SCALE = 6.0
 
@@ -80,13 +81,16 @@ def config(paths: dict[str, str], strategy: str, updates: int, out: Path, extra:
 GAMES_PER_TYPE = 2
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
+    """Train each strategy on generated ALFWorld games and write the comparison; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=12)
     parser.add_argument("--strategies", nargs="+", default=["vanilla", "actfirst"])
     parser.add_argument("--out", default="runs/opd_loop_cpu")
     parser.add_argument("--set", nargs="*", default=[], help="more TrainConfig overrides (key=value)")
     args = parser.parse_args(argv)
+    check_writable_dir(args.out, "--out")
     out = Path(args.out)
     paths = prepare(out, GAMES_PER_TYPE)
     results = {}

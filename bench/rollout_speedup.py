@@ -31,13 +31,20 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch and vLLM start their thread pools
 
-import yaml  # noqa: E402
+from rollout_model import estimates  # noqa: E402
 
-from actfirst.config import ModelConfig, RolloutSpeedupConfig, SchedulerConfig, load_config, to_dict  # noqa: E402
+from actfirst.config import (  # noqa: E402
+    ModelConfig,
+    RolloutSpeedupConfig,
+    SchedulerConfig,
+    load_config,
+    paths_unchecked,
+    to_dict,
+)
 from actfirst.engine.core import ActFirstEngine, summarize_records  # noqa: E402
 from actfirst.engine.request import RequestKind, SamplingSpec  # noqa: E402
 from actfirst.models.factory import build_model, environment_corpus  # noqa: E402
-from rollout_model import estimates  # noqa: E402
+from actfirst.user_input import check_model_dir, check_writable_dir, command  # noqa: E402
 
 FAST, FULL = RequestKind.FAST_ACTION, RequestKind.FULL_RESPONSE
 
@@ -324,7 +331,9 @@ def plot(results: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> None:
+@command
+def main(argv: list[str] | None = None) -> int:
+    """Measure (or, with ``--report``, only re-report); returns the exit status."""
     parser = argparse.ArgumentParser(description="ActFirst rollout-speedup benchmark (paper Fig. 3a/b)")
     parser.add_argument("--config", default=str(Path(__file__).parents[1] / "configs" / "rollout_speedup_cpu.yaml"))
     parser.add_argument("--model-config", default=None,
@@ -337,21 +346,25 @@ def main(argv: list[str] | None = None) -> None:
         out_dir = Path(args.report)
         cfg = load_config(RolloutSpeedupConfig, args.config, args.overrides)
         write_results(assemble(cfg, *load_measurements(out_dir / "measurements.jsonl")), out_dir)
-        return
+        return 0
 
-    raw = yaml.safe_load(Path(args.config).read_text())
-    model_path = next((o.split("=", 1)[1] for o in args.overrides if o.startswith("engine.model=")),
-                      raw.get("engine", {}).get("model"))
-    if args.model_config and model_path and not Path(model_path).is_dir():
+    with paths_unchecked():  # engine.model may be the model --model-config builds
+        model_path = load_config(RolloutSpeedupConfig, args.config, args.overrides).engine.model
+    if args.model_config and not Path(model_path).is_dir():
+        model_cfg = load_config(ModelConfig, args.model_config, key="--model-config")
+        check_writable_dir(Path(model_path).parent, "engine.model")
         print(f"building {args.model_config} at {model_path}", flush=True)
-        build_model(load_config(ModelConfig, args.model_config), model_path)
+        build_model(model_cfg, model_path)
     cfg = load_config(RolloutSpeedupConfig, args.config, args.overrides)
+    check_model_dir(cfg.engine.model, "engine.model")
+    check_writable_dir(cfg.out_dir, "out_dir")
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     results = asyncio.run(run(cfg, out_dir))
     results["wall_s"] = time.perf_counter() - start
     write_results(results, out_dir)
+    return 0
 
 
 def write_results(results: dict, out_dir: Path) -> None:

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from actfirst.user_input import check_writable_file, command
+
 SHAPES = {
     # hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied embeddings (Qwen3's config.json files)
     "0.6B": (1024, 28, 16, 8, 128, 3072, 151936, True),
@@ -119,8 +121,9 @@ class Phase:
 
 def run_rank(args: argparse.Namespace) -> dict | None:
     """Build the models, time ``--updates`` updates; rank 0 returns the summary of every rank's figures."""
-    from actfirst.config import LossConfig, OptimConfig
     from actfirst.kernels.dispatch import last_path
+
+    from actfirst.config import LossConfig, OptimConfig
     from actfirst.parallel.context import all_gather_objects, init_parallel
     from actfirst.parallel.fsdp import apply_fsdp
     from actfirst.parallel.weight_sync import gathered_parameters
@@ -200,12 +203,14 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     """Start the ranks (through the elastic launcher when several), time, print and write the result."""
     from actfirst.parallel.context import launched_as_rank
     from actfirst.parallel.launch import launch_ranks
 
     args = parse_args(argv)
+    check_writable_file(args.out, "--out")
     if not launched_as_rank() and args.nproc_per_node > 1:
         return launch_ranks(args.nproc_per_node, [os.path.abspath(__file__), *(argv or sys.argv[1:])])
     result = run_rank(args)

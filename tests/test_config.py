@@ -31,7 +31,7 @@ def test_yaml_and_overrides(yaml_file):
     ("scheduler.b_max=abc", "scheduler.b_max='abc': must be an integer"),
     ("scheduler.b_max=true", "scheduler.b_max=True: must be an integer"),
     ("scheduler.fast_action_admission=never", "scheduler.fast_action_admission='never': must be one of"),
-    ("engine.model=/does/not/exist", "engine.model='/does/not/exist': is not a directory"),
+    ("engine.model=/does/not/exist", "engine.model='/does/not/exist': no such directory"),
     ("b_max=[16, 512]", "b_max=[16, 512]: must not exceed engine.max_num_seqs=256"),
     ("full_response_tokens=[4096]", "full_response_tokens=[4096]: context_tokens[1] + full response"),
     ("context_tokens=[5]", "context_tokens=[5]: must have 2 items"),

@@ -107,12 +107,12 @@ def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, mo
     size = path.stem.removeprefix("qwen3-").upper()
     with pytest.raises(ConfigError) as err:
         load_config(TrainConfig, path)
-    assert f"student.model='/models/Qwen3-{size}': is not a directory" in str(err.value)
+    assert f"student.model='/models/Qwen3-{size}': no such directory" in str(err.value)
 
     bench = path.parent.name
     student, teacher, _ = paths
-    for given, message in (([student], f"teacher='/models/{bench}-teacher-qwen3-8b': is not a directory"),
-                           ([student, teacher], f"references='runs/refs/{bench}.jsonl': is not a file")):
+    for given, message in (([student], f"teacher='/models/{bench}-teacher-qwen3-8b': no such directory"),
+                           ([student, teacher], f"references='runs/refs/{bench}.jsonl': no such file")):
         with pytest.raises(ConfigError, match=message):
             load_config(TrainConfig, path, given)
 
@@ -122,7 +122,7 @@ def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, mo
 
     monkeypatch.setattr(actfirst.train.trainer.Trainer, "train", no_work)
     assert cli.main(["--config", str(path)]) == 2
-    assert f"student.model='/models/Qwen3-{size}': is not a directory" in capsys.readouterr().err
+    assert f"student.model='/models/Qwen3-{size}': no such directory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from actfirst.config import ConfigError
 from actfirst.envs.alfworld_env import alfworld_tasks, walkthrough
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.checks import normalize_scienceworld_observation, normalize_text
@@ -37,7 +38,9 @@ def test_scienceworld_cache_covers_every_task_and_replays(sw_cache):
     refs = load_references(sw_cache)
     meta = json.loads(sw_cache.with_name(sw_cache.name + ".meta.json").read_text())
     assert meta["coverage"] == 1.0 and meta["tasks"] == 4 and meta["missing"] == [] and meta["shortened"]
-    assert meta["config"] == dataclasses.asdict(get_benchmark("scienceworld").config)  # what was replayed
+    config = dataclasses.asdict(get_benchmark("scienceworld").config)  # what was replayed, evaluation keys aside
+    assert meta["config"] == {k: v for k, v in config.items() if not k.startswith("eval_")}
+    assert load_references(sw_cache, benchmark=get_benchmark("scienceworld")) == refs
     assert sorted(refs) == ["find-non-living-thing/0", "find-non-living-thing/1", "lifespan-longest-lived/0",
                             "lifespan-longest-lived/1"]
     env = ScienceWorldTextEnv()
@@ -155,5 +158,8 @@ def test_partial_cache_published_only_on_request(alf_games, tmp_path):
 def test_bad_candidate_lines_are_named(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"task": "a", "actions": ["x"]}) + "\n" + json.dumps({"task": "b", "actions": "x"}))
-    with pytest.raises(ValueError, match=r"bad.jsonl:2: bad candidate line"):
+    with pytest.raises(ConfigError, match=r"--candidates='.*bad.jsonl': line 2 is not a candidate"):
+        read_candidates([bad])
+    bad.write_text(json.dumps({"task": "a", "actions": ["x"]}) + "\n{\"task\": \"b\", \"act")  # cut short
+    with pytest.raises(ConfigError, match=r"bad.jsonl': line 2 is not JSON"):
         read_candidates([bad])

@@ -17,9 +17,11 @@ import dataclasses
 import json
 import os
 import random
+import sys
 from pathlib import Path
 
 from actfirst.envs.alfworld_env import SPLITS, ALFWorldTask, ALFWorldTextEnv, alfworld_tasks
+from actfirst.user_input import check_writable_dir, command
 
 # The six ALFWorld task types (Appendix C.1), short name -> ALFRED name.
 TASK_TYPES = {
@@ -315,7 +317,9 @@ def alfworld_split(split: str, generated_dir: str | Path | None = None, per_type
     return alfworld_tasks(Path(generated_dir) / split)
 
 
-def main(argv: list[str] | None = None) -> None:
+@command
+def main(argv: list[str] | None = None) -> int:
+    """Generate games into ``--out``; returns the exit status."""
     parser = argparse.ArgumentParser(description="Generate ALFRED-style ALFWorld games offline.")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--per-type", type=int, default=10, help="games per task type")
@@ -324,9 +328,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.per_type < 1:
         parser.error(f"--per-type={args.per_type}: must be >= 1")
+    check_writable_dir(args.out, "--out")
     files = generate_split(args.out, args.per_type, args.seed, args.unseen)
     print(f"{len(files)} solvable games under {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

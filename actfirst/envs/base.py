@@ -104,6 +104,12 @@ class Reference:
 
     @classmethod
     def from_json(cls, line: str) -> Reference:
-        data = json.loads(line)
-        return cls(data["task"], data["actions"], [Transition.from_dict(t) for t in data["transitions"]],
+        return cls.from_dict(json.loads(line))
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Reference:
+        """The reference of one cache line's object (``KeyError``/``TypeError`` when it is not one)."""
+        if not isinstance(data["actions"], list) or not isinstance(data["transitions"], list):
+            raise TypeError("actions and transitions must be lists")
+        return cls(str(data["task"]), data["actions"], [Transition.from_dict(t) for t in data["transitions"]],
                    data["source"])

@@ -19,10 +19,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from actfirst.config import ALFWorldConfig, ScienceWorldConfig, WebShopConfig, load_config
+from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, WebShopConfig, load_config
 from actfirst.envs.base import Reference, TextEnv, Transition
-from actfirst.envs.checks import (SEARCH_MISMATCH_ALLOWED, CheckResult, alfworld_action_valid, alfworld_check,
-                                  scienceworld_action_valid, scienceworld_check, webshop_action_valid, webshop_check)
+from actfirst.envs.checks import (
+    SEARCH_MISMATCH_ALLOWED,
+    CheckResult,
+    alfworld_action_valid,
+    alfworld_check,
+    scienceworld_action_valid,
+    scienceworld_check,
+    webshop_action_valid,
+    webshop_check,
+)
 
 if TYPE_CHECKING:
     from actfirst.envs.workers import EnvWorker
@@ -358,7 +366,7 @@ def select_tasks(benchmark: Benchmark, tasks: list, task_types: Sequence[str] | 
         known = {benchmark.task_type(t) for t in tasks}
         unknown = sorted(set(task_types) - known)
         if unknown:
-            raise ValueError(f"task_types={unknown}: no {benchmark.name} tasks of these types "
+            raise ConfigError(f"--task-types={unknown}: no {benchmark.name} tasks of these types "
                              f"(known: {sorted(known)})")
         tasks = [t for t in tasks if benchmark.task_type(t) in task_types]
     if per_type:

@@ -13,6 +13,7 @@ import functools
 import importlib.resources
 import json
 import re
+import sys
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from actfirst.config import ModelConfig, load_config
 from actfirst.models.tokenizers import QWEN3_PADDED_VOCAB, build_qwen3_tokenizer, train_env_bpe_tokenizer
+from actfirst.user_input import check_writable_dir, command
 
 
 def environment_corpus() -> list[str]:
@@ -104,16 +106,20 @@ def _plain(cfg: ModelConfig) -> dict:
     return {f: getattr(cfg, f) for f in cfg.__slots__}
 
 
-def main(argv: list[str] | None = None) -> None:
+@command
+def main(argv: list[str] | None = None) -> int:
+    """Build a model from a ``ModelConfig`` into ``--out``; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="YAML ModelConfig", default=None)
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("overrides", nargs="*", help="key=value overrides of ModelConfig")
     args = parser.parse_args(argv)
     cfg = load_config(ModelConfig, args.config, args.overrides)
+    check_writable_dir(args.out, "--out")
     path = build_model(cfg, args.out)
     print(f"saved {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

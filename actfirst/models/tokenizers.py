@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import base64
 import importlib.resources
+import os
 from collections.abc import Iterable
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
+
+from actfirst.user_input import ConfigError
 
 # Qwen2/Qwen3 pre-tokenizer split (single digits, unlike GPT-4's \p{N}{1,3}).
 QWEN_SPLIT_PATTERN = (
@@ -182,3 +185,50 @@ def train_env_bpe_tokenizer(texts: Iterable[str], vocab_size: int = 2048) -> Pre
     tok.train_from_iterator(texts, trainer=trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ENV_BPE_NON_SPECIAL])
     return _wrap(tok, eos="<|im_end|>", pad="<|endoftext|>")
+
+
+def _few(items: set) -> str:
+    items = sorted(items, key=repr)
+    return ", ".join(repr(x) for x in items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
+
+
+def tokenizer_differences(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> list[str]:
+    """What differs between two tokenizers: vocabulary (token -> id), added tokens, chat template."""
+    diffs = []
+    va, vb = a.get_vocab(), b.get_vocab()
+    if va != vb:
+        only_a, only_b = set(va) - set(vb), set(vb) - set(va)
+        moved = {t for t in set(va) & set(vb) if va[t] != vb[t]}
+        parts = [f"{len(va)} vs {len(vb)} entries"]
+        parts += [f"only in the first: {_few(only_a)}"] if only_a else []
+        parts += [f"only in the second: {_few(only_b)}"] if only_b else []
+        parts += [f"different ids: {_few(moved)}"] if moved else []
+        diffs.append("vocab (" + "; ".join(parts) + ")")
+    added_a = {(i, t.content, t.special) for i, t in a.added_tokens_decoder.items()}
+    added_b = {(i, t.content, t.special) for i, t in b.added_tokens_decoder.items()}
+    if added_a != added_b:
+        diffs.append(f"added tokens (id, content, special) only in the first: {_few(added_a - added_b) or 'none'}; "
+                     f"only in the second: {_few(added_b - added_a) or 'none'}")
+    if a.chat_template != b.chat_template:
+        diffs.append("chat template")
+    return diffs
+
+
+def check_same_tokenizer(student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, *, student_name: str,
+                         teacher_name: str) -> None:
+    """The teacher must score the student's exact token ids (B.4): a teacher tokenizer that differs is refused
+    (:class:`~actfirst.config.ConfigError`, naming both directories and what differs)."""
+    diffs = tokenizer_differences(student, teacher)
+    if diffs:
+        raise ConfigError(f"teacher={teacher_name!r}: its tokenizer differs from the student's "
+                          f"(student.model={student_name!r}): {'; '.join(diffs)}. The teacher must score the "
+                          f"student's exact token ids (B.4)")
+
+
+def check_tokenizers_match(student: str | os.PathLike, teacher: str | os.PathLike) -> None:
+    """:func:`check_same_tokenizer` for two model directories (each already checked by
+    :func:`actfirst.user_input.check_model_dir`, so that a message blames the right side)."""
+    from transformers import AutoTokenizer
+
+    check_same_tokenizer(AutoTokenizer.from_pretrained(str(student)), AutoTokenizer.from_pretrained(str(teacher)),
+                         student_name=str(student), teacher_name=str(teacher))

@@ -17,44 +17,19 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from actfirst.kernels.dispatch import logprob_gather
+from actfirst.models.tokenizers import check_same_tokenizer
 from actfirst.parallel.context import ParallelContext
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.train.head import LMHeadModel
 from actfirst.train.packing import pack, pad_across_ranks
 from actfirst.train.sample import Sample
+from actfirst.user_input import check_model_dir
 
 
 def _load_tokenizer(tok: str | Path | PreTrainedTokenizerBase) -> tuple[PreTrainedTokenizerBase, str]:
     if isinstance(tok, PreTrainedTokenizerBase):
         return tok, str(tok.name_or_path or "<tokenizer object>")
     return AutoTokenizer.from_pretrained(str(tok)), str(tok)
-
-
-def _few(items: set) -> str:
-    items = sorted(items, key=repr)
-    return ", ".join(repr(x) for x in items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
-
-
-def tokenizer_differences(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> list[str]:
-    """What differs between two tokenizers: vocabulary (token -> id), added tokens, chat template."""
-    diffs = []
-    va, vb = a.get_vocab(), b.get_vocab()
-    if va != vb:
-        only_a, only_b = set(va) - set(vb), set(vb) - set(va)
-        moved = {t for t in set(va) & set(vb) if va[t] != vb[t]}
-        parts = [f"{len(va)} vs {len(vb)} entries"]
-        parts += [f"only in the first: {_few(only_a)}"] if only_a else []
-        parts += [f"only in the second: {_few(only_b)}"] if only_b else []
-        parts += [f"different ids: {_few(moved)}"] if moved else []
-        diffs.append("vocab (" + "; ".join(parts) + ")")
-    added_a = {(i, t.content, t.special) for i, t in a.added_tokens_decoder.items()}
-    added_b = {(i, t.content, t.special) for i, t in b.added_tokens_decoder.items()}
-    if added_a != added_b:
-        diffs.append(f"added tokens (id, content, special) only in the first: {_few(added_a - added_b) or 'none'}; "
-                     f"only in the second: {_few(added_b - added_a) or 'none'}")
-    if a.chat_template != b.chat_template:
-        diffs.append("chat template")
-    return diffs
 
 
 class TeacherScorer:
@@ -88,12 +63,10 @@ class TeacherScorer:
         mismatch is refused, naming what differs); ``kwargs`` as for the constructor."""
         if not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"dtype={dtype!r}: not a torch dtype (e.g. 'float32', 'bfloat16')")
+        check_model_dir(model_dir, "teacher")
         student_tok, student_name = _load_tokenizer(student_tokenizer)
         teacher_tok, _ = _load_tokenizer(model_dir)
-        diffs = tokenizer_differences(student_tok, teacher_tok)
-        if diffs:
-            raise ValueError(f"teacher tokenizer ({model_dir}) differs from the student's ({student_name}): "
-                             + "; ".join(diffs) + ". The teacher must score the student's exact token ids (B.4).")
+        check_same_tokenizer(student_tok, teacher_tok, student_name=student_name, teacher_name=str(model_dir))
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
         return cls(model, name=str(model_dir), **kwargs)
 

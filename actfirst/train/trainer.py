@@ -55,8 +55,14 @@ from actfirst.eval import evaluate, merge_reports, pick_tasks
 from actfirst.eval_report import teacher_summary
 from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
-from actfirst.parallel.context import (ParallelContext, all_gather_objects, broadcast_object, init_parallel,
-                                       reduce_max, reduce_sum)
+from actfirst.parallel.context import (
+    ParallelContext,
+    all_gather_objects,
+    broadcast_object,
+    init_parallel,
+    reduce_max,
+    reduce_sum,
+)
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
 from actfirst.references import load_references
@@ -208,19 +214,15 @@ class Trainer:
         if self.resume and checkpoint is None and self.ctx.lead:
             print(f"resume: no checkpoint in {self.out_dir}; starting from update 1", flush=True)
         if checkpoint is None and not self.resume and (self.out_dir / "metrics.jsonl").exists():
-            raise FileExistsError(f"out_dir={str(self.out_dir)!r} holds a run's metrics.jsonl: pass --resume to "
+            raise ConfigError(f"out_dir={str(self.out_dir)!r} holds a run's metrics.jsonl: pass --resume to "
                                   f"continue it, or choose another out_dir")
         return checkpoint
 
     def _references(self) -> dict | None:
         if not self.strategy.uses_references:
             return None
-        references = load_references(self.cfg.references)
-        missing = [k for k in map(self.benchmark.task_key, self.tasks) if k not in references]
-        if missing:
-            raise ValueError(f"references={self.cfg.references!r}: no reference for {len(missing)} of "
-                             f"{len(self.tasks)} training tasks, e.g. {missing[:5]}")
-        return references
+        return load_references(self.cfg.references, benchmark=self.benchmark,
+                               tasks=[self.benchmark.task_key(t) for t in self.tasks])
 
     def _build_engine(self) -> ActFirstEngine:
         """This rank's engine (first: on a GPU vLLM takes its share of memory before the trainer's models)."""

@@ -9,13 +9,11 @@ import shutil
 import pytest
 
 from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, WebShopConfig, load_config
-from actfirst.envs.base import Transition
-from actfirst.envs.benchmarks import (BENCHMARKS, EnvSpec, config_path, get_benchmark, load_benchmark,
-                                      select_tasks)
+from actfirst.envs.base import Reference, Transition
+from actfirst.envs.benchmarks import BENCHMARKS, EnvSpec, config_path, get_benchmark, load_benchmark, select_tasks
 from actfirst.envs.checks import SEARCH_MISMATCH_ALLOWED, CheckResult
 from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
 from actfirst.envs.workers import EnvPool
-from actfirst.envs.base import Reference
 from actfirst.references import build_references
 
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
@@ -75,7 +73,7 @@ def test_alfworld_splits_pool_seen_and_unseen_and_name_task_types(alfworld_games
     assert alfworld.task_key(train[0]) == train[0].game_file.split("/")[-2]
     assert not (tmp_path / "unused").exists()  # the download is used, nothing generated
     assert [alfworld.task_type(t) for t in select_tasks(alfworld, train, ["Heat", "Pick2"])] == ["Heat", "Pick2"]
-    with pytest.raises(ValueError, match=r"task_types=\['pick'\]: no alfworld tasks of these types"):
+    with pytest.raises(ValueError, match=r"--task-types=\['pick'\]: no alfworld tasks of these types"):
         select_tasks(alfworld, train, ["pick"])
 
 

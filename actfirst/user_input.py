@@ -1,0 +1,150 @@
+"""What the user names (files, directories, models, output paths), checked before anything expensive starts, and
+the one place every command turns a user's error into one line.
+
+Every check raises :class:`ConfigError` (also importable from :mod:`actfirst.config`) naming the argument (a config key such as
+``student.model``, or a flag such as ``--checkpoint``), its value and what is wrong. :func:`command` wraps a
+command's ``main``: a ``ConfigError`` becomes one line on stderr and exit status 2; any other exception is a bug and
+keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+
+class ConfigError(ValueError):
+    """An input the user gave was refused: a config value, a command-line argument, or a file or directory one of
+    them names. The message names the key or argument and its value (``student.model='x': has no weights``)."""
+
+EXIT_USAGE = 2
+"""The exit status of a command refused for its input (argparse's own)."""
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+"""Any one of these makes a directory's tokenizer loadable (with ``tokenizer_config.json`` where it has one)."""
+
+WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
+"""The weight files Hugging Face and vLLM load."""
+
+
+def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+    """Wrap a command's ``main(argv) -> status``: a :class:`ConfigError` prints ``<prog>: error: <message>`` on
+    stderr and returns :data:`EXIT_USAGE`; other exceptions propagate with their traceback."""
+
+    @functools.wraps(main)
+    def wrapped(argv: list[str] | None = None) -> int:
+        try:
+            return main(argv)
+        except ConfigError as e:
+            message = " ".join(str(e).split())  # one line, whatever the message held
+            print(f"{_prog(main.__module__)}: error: {message}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
+
+    return wrapped
+
+
+def check_exists(path: str | os.PathLike, key: str, kind: str = "directory") -> None:
+    """``path`` must be an existing ``kind`` (``"file"`` or ``"directory"``)."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{key}={str(path)!r}: no such {kind}")
+    if kind == "directory" and not p.is_dir():
+        raise ConfigError(f"{key}={str(path)!r}: is not a directory")
+    if kind == "file" and not p.is_file():
+        raise ConfigError(f"{key}={str(path)!r}: is {'a directory' if p.is_dir() else 'not a regular file'}, not a "
+                          f"file")
+
+
+def _prog(module: str) -> str:
+    """How the user started the command: ``python -m <module>``, or ``python <script>`` for a script."""
+    if module != "__main__":
+        return f"python -m {module}"
+    spec = sys.modules["__main__"].__spec__  # run with -m: the module's own name is its spec's
+    return f"python -m {spec.name}" if spec is not None else f"python {sys.argv[0]}"
+
+
+def read_text(path: str | os.PathLike, key: str) -> str:
+    """The text of the file ``key`` names: missing, a directory, unreadable or not text is refused."""
+    p = Path(path)
+    try:
+        return p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{key}={str(path)!r}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{key}={str(path)!r}: is a directory, not a file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key}={str(path)!r}: is not a text file") from None
+    except OSError as e:
+        raise ConfigError(f"{key}={str(path)!r}: cannot be read ({e.strerror or e})") from None
+
+
+def read_jsonl(path: str | os.PathLike, key: str) -> list[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line of a JSONL file; a line that is not a JSON object is
+    refused, naming the file and the line."""
+    out = []
+    for n, line in enumerate(read_text(path, key).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{key}={str(path)!r}: line {n} is not JSON ({e.msg} at column {e.colno}): "
+                              f"{line[:80]!r}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={str(path)!r}: line {n} is not a JSON object: {line[:80]!r}")
+        out.append((n, value))
+    return out
+
+
+def check_model_dir(path: str | os.PathLike, key: str, *, weights: bool = True) -> None:
+    """``path`` must be a Hugging Face model directory: ``config.json`` (valid JSON), a tokenizer, and (with
+    ``weights``) weight files. Run before any tokenizer comparison, so that a message blames the right side."""
+    check_exists(path, key)
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ConfigError(f"{key}={str(path)!r}: has no config.json: not a Hugging Face model directory")
+    try:
+        json.loads(read_text(p / "config.json", key))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{key}={str(path)!r}: its config.json is not JSON ({e.msg}, line {e.lineno})") from None
+    if not any((p / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{key}={str(path)!r}: has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    if weights and not any(any(p.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+        raise ConfigError(f"{key}={str(path)!r}: has no weights (no {' or '.join(WEIGHT_PATTERNS)} file)")
+
+
+def check_writable_dir(path: str | os.PathLike, key: str) -> None:
+    """``path`` must be a directory this process can create (if missing) and write in. Probed with a temporary
+    directory that is removed at once: nothing is left at ``path``."""
+    problem = _unwritable(Path(path).absolute())
+    if problem:
+        raise ConfigError(f"{key}={str(path)!r}: {problem}")
+
+
+def check_writable_file(path: str | os.PathLike, key: str) -> None:
+    """``path`` (an output file) must not be a directory, and its directory must be one :func:`check_writable_dir`
+    accepts."""
+    p = Path(path).absolute()
+    if p.is_dir():
+        raise ConfigError(f"{key}={str(path)!r}: is a directory, not a file")
+    problem = _unwritable(p.parent)
+    if problem:
+        raise ConfigError(f"{key}={str(path)!r}: its directory {str(p.parent)!r} {problem}")
+
+
+def _unwritable(p: Path) -> str | None:
+    """Why directory ``p`` cannot be made or written (None: it can)."""
+    existing = next(a for a in (p, *p.parents) if a.exists())
+    if not existing.is_dir():
+        return "is not a directory" if existing == p else f"lies under {str(existing)!r}, which is not a directory"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".actfirst-write-probe-", dir=existing))
+    except OSError as e:
+        where = "" if existing == p else f" (in {str(existing)!r})"
+        return f"cannot be written{where}: {e.strerror or e}"
+    return None
