@@ -157,6 +157,7 @@ def test_main_trains_each_strategy_then_compares(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setitem(sys.modules, "actfirst.run", types.SimpleNamespace(load_run_config=load_run_config))
     monkeypatch.setitem(sys.modules, "actfirst.prepare", types.SimpleNamespace(
+        check_inputs=lambda cfg, buildable: calls.append(("check", cfg.strategy, buildable)),
         ensure_prepared=lambda cfg: calls.append(("prepare", cfg.strategy))))
     import actfirst.eval_report
 
@@ -167,6 +168,7 @@ def test_main_trains_each_strategy_then_compares(tmp_path, monkeypatch, capsys):
     assert main(["--out", str(out), "seed=3"]) == 0
     assert calls == [("load", None, ["seed=3", "rollout.strategy=vanilla", f"out_dir={out / 'vanilla'}"]),
                      ("load", None, ["seed=3", "rollout.strategy=actfirst", f"out_dir={out / 'actfirst'}"]),
+                     ("check", "vanilla", True), ("check", "actfirst", True),  # every input before any work
                      ("prepare", "vanilla"), ("prepare", "actfirst"),
                      ("train", "vanilla", False), ("train", "actfirst", False)]
     printed = capsys.readouterr().out
