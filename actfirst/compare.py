@@ -4,10 +4,12 @@
 
 Runs the same training config once per strategy, only ``rollout.strategy`` and ``out_dir=<out>/<strategy>`` changed
 (same seeds), then writes ``<out>/comparison.json``, ``<out>/comparison.md`` and ``<out>/comparison.png`` and prints
-the table. Each row comes from the run's last evaluation (``evals.jsonl``) and its ``metrics.jsonl``: SR (mean ± SD
-over the evaluation seeds, and the pooled 95% interval), Score where the benchmark has one, Round, the training
-wall-clock (evaluation excluded), executed transitions and transitions per second, and the wall-clock speedup over
-Vanilla OPD (vanilla / strategy) when ``vanilla`` is among the strategies.
+the table. Each row comes from the run's last evaluation (``evals.jsonl``), its ``metrics.jsonl`` and its
+``wall_clock.json``: SR (mean ± SD over the evaluation seeds, and the pooled 95% interval), Score where the benchmark
+has one, Round, the training wall-clock (Appendix C.3: the trainer's initialization to its shutdown, evaluation and
+our probe excluded; the final figure, which the last metrics line does not yet hold), executed transitions and
+transitions per second, and the wall-clock speedup over Vanilla OPD (vanilla / strategy) when ``vanilla`` is among
+the strategies. A run that has not finished shows its latest wall-clock and no speedup.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from actfirst.config import STRATEGIES, ConfigError
 from actfirst.eval_report import _finite
-from actfirst.train.plots import new_figure, read_records, save_figure, sr_points
+from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure, sr_points
 from actfirst.user_input import check_writable_dir, command
 
 METHODS = {"vanilla": "Vanilla OPD", "actfirst": "ActFirst-OPD", "no_id": "w/o ID", "no_nap": "w/o NAP fallback",
@@ -32,26 +34,29 @@ COMPARISON_SIZE = (7.0, 4.5)
 
 
 def comparison_rows(run_dirs: dict[str, Path]) -> list[dict[str, Any]]:
-    """One row per strategy (in ``run_dirs`` order) from its run's last evaluation and last metrics record; values
-    a run does not have yet are None. ``speedup`` is the baseline's wall-clock over this one's (None without a
-    ``vanilla`` run)."""
+    """One row per strategy (in ``run_dirs`` order) from its run's last evaluation, last metrics record and final
+    wall-clock; values a run does not have yet are None. ``speedup`` is the baseline's training wall-clock over this
+    one's, both finished (None without a finished ``vanilla`` run)."""
     rows = []
     for strategy, run_dir in run_dirs.items():
         evals = read_records(Path(run_dir) / "evals.jsonl")
         metrics = read_records(Path(run_dir) / "metrics.jsonl")
         summary = evals[-1]["summary"] if evals else {}
         last = metrics[-1] if metrics else {}
-        wall, transitions = last.get("elapsed_s"), last.get("total_transitions")
+        final = read_wall_clock(run_dir)
+        wall = final["train_s"] if final else last.get("elapsed_s")
+        transitions = last.get("total_transitions")
         rows.append({
             "strategy": strategy, "method": METHODS.get(strategy, strategy), "run_dir": str(run_dir),
             "eval_update": evals[-1]["update"] if evals else None, "episodes": summary.get("episodes"),
             "SR": summary.get("SR"), "SR_ci95_pooled": summary.get("SR_ci95_pooled"), "Score": summary.get("Score"),
             "Round": summary.get("Round"), "updates": last.get("update"), "wall_s": wall, "transitions": transitions,
             "transitions_per_s": transitions / wall if wall and transitions is not None else None,
+            "finished": final is not None,
         })
-    base = next((r["wall_s"] for r in rows if r["strategy"] == BASELINE), None)
+    base = next((r["wall_s"] for r in rows if r["strategy"] == BASELINE and r["finished"]), None)
     for row in rows:
-        row["speedup"] = base / row["wall_s"] if base and row["wall_s"] else None
+        row["speedup"] = base / row["wall_s"] if base and row["finished"] else None
     return rows
 
 

@@ -280,6 +280,7 @@ class RolloutConfig:
     batch_tasks: int = 16
     """Tasks per rollout batch (Sec. 5.1: 16); one environment worker each."""
     temperature: float = 1.0
+    """Sampling temperature of every request (0: greedy, for evaluation only; training needs a sampled policy)."""
     top_p: float = 1.0
     max_prompt_tokens: int = 3072
     """Prompt budget after the chat template (B.2: the oldest history pairs are dropped until the prompt fits)."""
@@ -289,7 +290,7 @@ class RolloutConfig:
 
     def __post_init__(self) -> None:
         _check(self.batch_tasks >= 1, "batch_tasks", self.batch_tasks, "must be >= 1")
-        _check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
+        _check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0: greedy)")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
         _check(self.max_prompt_tokens >= 1, "max_prompt_tokens", self.max_prompt_tokens, "must be >= 1")
         _check(self.env_timeout_s > 0, "env_timeout_s", self.env_timeout_s, "must be > 0")
@@ -342,6 +343,10 @@ class LossConfig:
         _check(self.eps > 0, "eps", self.eps, "must be > 0")
 
 
+EVAL_TEMPERATURE = 1.0
+"""The default evaluation temperature (see ``EvaluationConfig.temperature``)."""
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class EvaluationConfig:
     """Evaluation during training (Appendix C.1, C.4): think-then-act without references, the evaluation thinking
@@ -357,13 +362,24 @@ class EvaluationConfig:
     seeds: list[int] = dataclasses.field(default_factory=lambda: [42, 43, 44])
     max_in_flight: int = 16
     """Episodes (and environment workers) at once."""
+    temperature: float = EVAL_TEMPERATURE
+    """Evaluation's own sampling temperature (0: greedy); the papers leave it open for 000 (its table of evaluation
+    settings is empty) and use 0.4 in 003 (D.5). The default and the measurement behind it: the README's paper
+    settings."""
+    top_p: float = 1.0
 
     def __post_init__(self) -> None:
         _check(self.every >= 0, "every", self.every, "must be >= 0")
+        _check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0: greedy)")
+        _check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
         _check(self.tasks >= 0, "tasks", self.tasks, "must be >= 0")
         _check(self.max_in_flight >= 1, "max_in_flight", self.max_in_flight, "must be >= 1")
         _check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds) and min(self.seeds) >= 0, "seeds",
                self.seeds, "need distinct seeds >= 0")
+
+    def sampling(self, rollout: RolloutConfig) -> RolloutConfig:
+        """``rollout`` with evaluation's own temperature and top-p."""
+        return dataclasses.replace(rollout, temperature=self.temperature, top_p=self.top_p)
 
 
 SFT_MODES = ("full_response", "next_action", "inverse_dynamics")
@@ -513,6 +529,8 @@ class TrainConfig:
                "must name a reference cache file (or be null)")
         _check(not (self.student.sleep_level and self.overlap), "student.sleep_level", self.student.sleep_level,
                "needs overlap: false (a sleeping engine cannot serve rollouts during the update)")
+        _check(self.rollout.temperature > 0, "rollout.temperature", self.rollout.temperature,
+               "must be > 0 in training (log pi_old needs a sampled policy; greedy is for evaluation)")
         if self.rollout.uses_references:
             _check(self.references is not None, "references", self.references,
                    f"rollout.strategy={self.rollout.strategy!r} needs a reference cache")

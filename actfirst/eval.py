@@ -65,20 +65,12 @@ def episode_seed(seed: int, index: int, stride: int) -> int:
     return (seed * MAX_TASKS + index) * stride
 
 
-def engine_max_model_len(engine: Any) -> int | None:
-    """The running vLLM engine's max_model_len (None if this vLLM does not say)."""
-    try:
-        return int(engine.vllm.engine.model_config.max_model_len)
-    except (AttributeError, TypeError, ValueError):
-        return None
-
-
 def check_fits(engine: Any, cfg: RolloutConfig, budget_key: str) -> None:
     """Raise when a prompt plus the thinking budget (``cfg.budget.total``, named ``budget_key`` in the message) does
     not fit the engine's max_model_len."""
-    limit = engine_max_model_len(engine)
+    limit = engine.max_model_len
     need = cfg.max_prompt_tokens + cfg.budget.total
-    if limit is not None and need > limit:
+    if need > limit:
         raise ValueError(f"rollout.max_prompt_tokens={cfg.max_prompt_tokens} + {budget_key}={cfg.budget.total} = "
                          f"{need} exceeds the engine's max_model_len={limit}")
 

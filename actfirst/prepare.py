@@ -42,6 +42,7 @@ from actfirst.config import (
 )
 from actfirst.envs.benchmarks import Benchmark, get_benchmark
 from actfirst.eval_report import TEACHER_EVAL
+from actfirst.files import write_atomically
 from actfirst.models.tokenizers import check_tokenizers_match
 from actfirst.references import load_references, read_candidates
 from actfirst.user_input import check_model_dir, check_writable_dir, command
@@ -252,15 +253,14 @@ def evaluate_teacher(cfg: TrainConfig, benchmark: Benchmark) -> dict[str, Any]:
         engine = ActFirstEngine.from_config(_engine_config(cfg, cfg.teacher, need), cfg.scheduler)
         try:
             return await evaluate(engine, AutoTokenizer.from_pretrained(cfg.teacher), benchmark, tasks,
-                                  seeds=spec.seeds, rollout=cfg.rollout, max_in_flight=spec.max_in_flight)
+                                  seeds=spec.seeds, rollout=spec.sampling(cfg.rollout),
+                                  max_in_flight=spec.max_in_flight)
         finally:
             await engine.shutdown()
 
     report = asyncio.run(run())
     report.meta.update({"model": cfg.teacher, "split": spec.split})
-    tmp = Path(cfg.teacher) / f".{TEACHER_EVAL}.tmp"
-    tmp.write_text(report.to_json())
-    os.replace(tmp, Path(cfg.teacher) / TEACHER_EVAL)
+    write_atomically(Path(cfg.teacher) / TEACHER_EVAL, report.to_json())
     print(report.table(), flush=True)
     return report.summary()
 

@@ -24,8 +24,9 @@ from actfirst.envs.benchmarks import Benchmark
 
 
 class PromptTooLong(ValueError):
-    """Even the no-history prompt exceeds its token budget (B.2 never shortens the current observation, the
-    admissible-action information or the reference)."""
+    """Even the no-history prompt exceeds what the model can take for this request (``limit_tokens``: its
+    max_model_len less the response's token budget). B.2 shortens nothing but the history: not the current
+    observation, the admissible-action information or the reference next observation (nor the task instruction)."""
 
 
 class Mode(enum.Enum):
@@ -148,6 +149,8 @@ class Prompt:
     token_ids: list[int]
     text: str
     history_kept: int
+    over_budget: bool = False
+    """No history left and still over the B.2 budget: the no-history prompt went ahead as it is (B.2)."""
 
 
 def format_history(history: Sequence[Step], first_step: int) -> str:
@@ -173,10 +176,14 @@ def render(benchmark: Benchmark, mode: Mode, *, task_description: str, history: 
 
 
 def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_description: str, history: Sequence[Step],
-                 current: Transition, budget_tokens: int, reference_next_observation: str | None = None) -> Prompt:
+                 current: Transition, budget_tokens: int, limit_tokens: int | None = None,
+                 reference_next_observation: str | None = None) -> Prompt:
     """Render the request with as much recent history as fits ``budget_tokens`` after the chat template (B.2).
 
-    The stored ``history`` is not modified. Raises ``PromptTooLong`` when even the no-history prompt does not fit.
+    The stored ``history`` is not modified. B.2 removes the oldest pairs "until it fits or no history remains" and
+    then uses the no-history template: a no-history prompt over the budget goes ahead as it is (``over_budget``).
+    ``PromptTooLong`` is raised only when it exceeds ``limit_tokens`` (what the model can take for this request;
+    None: no limit), since B.2 shortens nothing else.
     Action-only modes render with ``enable_thinking=False``: with a real Qwen3 chat template the generation prompt
     then holds an empty thinking block, so a fast action is an action without preceding reasoning (Eq. 6-7); our
     own template ignores the flag.
@@ -197,9 +204,12 @@ def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_descriptio
         return best
     lo, hi, best = 0, len(history), attempt(len(history))  # invariant: start lo does not fit, start hi does
     if len(best.token_ids) > budget_tokens:
-        raise PromptTooLong(f"budget_tokens={budget_tokens}: the {benchmark.name} {mode.value} prompt without history "
-                         f"needs {len(best.token_ids)} tokens (current observation, admissible actions and reference "
-                         f"are never shortened)")
+        if limit_tokens is not None and len(best.token_ids) > limit_tokens:
+            raise PromptTooLong(
+                f"the {benchmark.name} {mode.value} prompt without history needs {len(best.token_ids)} tokens, more "
+                f"than the model takes with this request's response budget ({limit_tokens}); B.2 shortens only the "
+                f"history (not the current observation, admissible actions or reference)")
+        return dataclasses.replace(best, over_budget=True)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         prompt = attempt(mid)

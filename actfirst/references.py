@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -33,6 +32,7 @@ from typing import Any
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, load_benchmark, select_tasks
 from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
+from actfirst.files import write_atomically
 from actfirst.user_input import ConfigError, check_writable_file, command, read_jsonl, read_text
 
 
@@ -147,12 +147,6 @@ def _check_cache_of(meta: dict[str, Any], benchmark: Benchmark, what: str) -> No
                           f"this config's cache")
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: EnvPool, *, out: str | Path,
                            candidate_files: Sequence[str | Path] = (), shorten: bool = True,
                            allow_partial: bool = False) -> dict[str, Any]:
@@ -185,7 +179,7 @@ async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: Env
                     done[json.loads(line)["task"]] = line
                 except json.JSONDecodeError:  # a line cut by an interruption
                     pass
-        _write_atomically(partial, "".join(line + "\n" for line in done.values()))  # the cut line goes
+        write_atomically(partial, "".join(line + "\n" for line in done.values()))  # the cut line goes
         print(f"resuming: {len(done)} of {len(tasks)} tasks already in {partial}")
     failed: dict[str, str] = {}
     queue: asyncio.Queue = asyncio.Queue()
@@ -230,8 +224,8 @@ async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: Env
         raise PartialCacheError(f"{len(keys) - len(covered)} tasks have no successful candidate (e.g. "
                                 f"{meta['missing'][:5]}); {out} not written. Add candidates and rerun to resume "
                                 f"from {partial}, or allow a partial cache (--allow-partial).")
-    _write_atomically(Path(f"{out}.meta.json"), json.dumps(meta, indent=1))
-    _write_atomically(out, "".join(done[k] + "\n" for k in covered))
+    write_atomically(Path(f"{out}.meta.json"), json.dumps(meta, indent=1))
+    write_atomically(out, "".join(done[k] + "\n" for k in covered))
     partial.unlink(missing_ok=True)
     print(f"wrote {out} ({len(covered)} references){' PARTIAL' if meta['coverage'] < 1.0 else ''}")
     return meta

@@ -153,6 +153,7 @@ def write_summary(cfg: TrainConfig, args: argparse.Namespace, result: TrainResul
     started = launch_info.get("started")
     summary = {"config": str(args.config or DEMO_CONFIG), "prepare_s": launch_info.get("prepare_s", 0.0),
                "prepare_stages_s": launch_info.get("prepare_stages_s", {}), "train_wall_s": result.wall_s,
+               "probe_wall_s": result.probe_s,
                "eval_wall_s": sum(e["eval_wall_s"] for e in evals),
                "total_s": time.time() - started if started else None, "teacher": teacher_summary(cfg.teacher),
                "evals": [{"update": e["update"], "elapsed_s": e["elapsed_s"], **e["summary"]} for e in evals],

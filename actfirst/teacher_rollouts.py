@@ -35,7 +35,7 @@ from typing import Any
 from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.eval import MAX_TASKS, check_fits, episode_seed, pick_tasks, play_jobs, seed_stride, serving_configs
-from actfirst.references import _write_atomically
+from actfirst.files import write_atomically
 from actfirst.user_input import check_model_dir, check_writable_file, command
 
 MAX_REPEATS = 1 << 10
@@ -129,7 +129,7 @@ def write_candidates(path: str | Path, candidates: dict[str, list[list[str]]]) -
     path.parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"task": key, "actions": list(actions)}) + "\n"
              for key, sequences in candidates.items() for actions in sequences]
-    _write_atomically(path, "".join(lines))
+    write_atomically(path, "".join(lines))
     return path
 
 

@@ -21,7 +21,7 @@ from actfirst.compare import (
 )
 from actfirst.config import STRATEGIES
 from actfirst.eval_report import EpisodeRecord, EvalReport
-from actfirst.train.plots import DPI
+from actfirst.train.plots import DPI, WALL_CLOCK
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -37,10 +37,15 @@ def eval_summary(successes: list[int], tasks: int, benchmark: str) -> dict:
 
 
 def write_run(run_dir: Path, *, wall: float, transitions: int, evals: list[tuple[int, float, list[int]]],
-              benchmark: str = "alfworld", updates: int = 4) -> None:
-    """A run directory: ``updates`` metrics records ending at ``wall`` s and ``transitions`` transitions, and the
-    evaluations ``(update, elapsed_s, successes per seed)`` of 10 tasks each."""
+              benchmark: str = "alfworld", updates: int = 4, final_s: float | None = None,
+              finished: bool = True) -> None:
+    """A run directory: ``updates`` metrics records ending at ``wall`` s and ``transitions`` transitions, the
+    evaluations ``(update, elapsed_s, successes per seed)`` of 10 tasks each, and (``finished``) the final
+    wall-clock ``final_s`` (default ``wall``)."""
     run_dir.mkdir(parents=True)
+    if finished:
+        (run_dir / WALL_CLOCK).write_text(json.dumps({"train_s": wall if final_s is None else final_s,
+                                                      "eval_s": 6.0, "probe_s": 1.0}))
     metrics = [{"update": u, "elapsed_s": wall * u / updates, "total_transitions": transitions * u // updates,
                 "transitions": transitions // updates, "probe/gap": -0.5, "teacher_minus_old": -0.6}
                for u in range(1, updates + 1)]
@@ -107,6 +112,20 @@ def test_files(runs, tmp_path):
     assert png.read_bytes()[:8] == PNG_MAGIC
     with Image.open(png) as image:
         assert image.size == (round(COMPARISON_SIZE[0] * DPI), round(COMPARISON_SIZE[1] * DPI))
+
+
+def test_the_speedup_uses_the_final_wall_clock_of_finished_runs(tmp_path):
+    """C.3 ends at the shutdown, after the last metrics line: the final figure is the one compared; a run still
+    going shows its latest figure and no speedup."""
+    write_run(tmp_path / "vanilla", wall=300.0, transitions=600, evals=[], final_s=330.0)
+    write_run(tmp_path / "actfirst", wall=100.0, transitions=600, evals=[], final_s=110.0)
+    write_run(tmp_path / "no_id", wall=90.0, transitions=600, evals=[], finished=False)
+    vanilla, actfirst, no_id = comparison_rows({s: tmp_path / s for s in ("vanilla", "actfirst", "no_id")})
+    assert (vanilla["wall_s"], actfirst["wall_s"], no_id["wall_s"]) == (330.0, 110.0, 90.0)
+    assert actfirst["speedup"] == pytest.approx(3.0) and no_id["speedup"] is None and not no_id["finished"]
+    write_run(tmp_path / "unfinished" / "vanilla", wall=300.0, transitions=600, evals=[], finished=False)
+    rows = comparison_rows({"vanilla": tmp_path / "unfinished" / "vanilla", "actfirst": tmp_path / "actfirst"})
+    assert [r["speedup"] for r in rows] == [None, None]  # no finished baseline
 
 
 def test_plot_without_evaluations(tmp_path):

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import ALFWorldConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
+from actfirst.config import ALFWorldConfig, EvaluationConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
 from actfirst.envs.alfworld_env import ALFWorldTask
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.eval import EVAL_SEEDS, engine_max_model_len, episode_seed, eval_rollout_config, evaluate, pick_tasks
+from actfirst.eval import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
 from actfirst.eval_report import EpisodeRecord, EvalReport, difference_interval, mean_sd, wilson_interval
 
 MAX_TURNS = 2
@@ -29,11 +29,11 @@ ROLLOUT = RolloutConfig(strategy="actfirst", batch_tasks=16, max_prompt_tokens=9
 ALFWORLD_ROWS = ["overall", "Pick", "Look", "Clean", "Heat", "Cool", "Pick2"]
 
 
-def run_eval(engine, tiny_model_dir, tasks, seeds, max_in_flight):
+def run_eval(engine, tiny_model_dir, tasks, seeds, max_in_flight, rollout=ROLLOUT):
     engine.reconfigure(SchedulerConfig(b_max=8))
     benchmark = get_benchmark("alfworld", ALFWorldConfig(max_turns=MAX_TURNS))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return asyncio.run(evaluate(engine, tokenizer, benchmark, tasks, seeds=seeds, rollout=ROLLOUT,
+    return asyncio.run(evaluate(engine, tokenizer, benchmark, tasks, seeds=seeds, rollout=rollout,
                                 max_in_flight=max_in_flight, progress=False))
 
 
@@ -100,8 +100,8 @@ def test_the_evaluation_budget_is_used(report, engine, tiny_model_dir, alfworld_
     assert report.responses()["max_tokens"] == max(lengths)
     # The evaluation budget must fit the engine's max_model_len next to the prompt budget.
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    limit = engine_max_model_len(engine)
-    assert limit is not None and limit >= ROLLOUT.max_prompt_tokens + BUDGET.eval_total
+    limit = engine.max_model_len
+    assert limit >= ROLLOUT.max_prompt_tokens + BUDGET.eval_total
     too_long = dataclasses.replace(ROLLOUT, max_prompt_tokens=limit - BUDGET.eval_total + 1)
     with pytest.raises(ValueError, match=f"eval_total=32 = {limit + 1} exceeds the engine's max_model_len={limit}"):
         asyncio.run(evaluate(engine, tokenizer, get_benchmark("alfworld", ALFWorldConfig()), alfworld_games,
@@ -254,3 +254,14 @@ def test_difference_interval_matches_newcombe():
     assert all(math.isnan(x) for x in difference_interval(0, 0, 3, 10))
     # Swapping the two proportions mirrors the interval.
     assert difference_interval(56, 70, 48, 80) == pytest.approx((-0.2, -0.3339, -0.0524), abs=1e-4)
+
+
+def test_greedy_evaluation_ignores_the_sampling_seed(engine, tiny_model_dir, alfworld_games):
+    """``evaluation.temperature: 0`` decodes greedily: two seeds play every task alike; the report records the
+    sampling it used."""
+    greedy = EvaluationConfig(temperature=0.0, top_p=1.0).sampling(ROLLOUT)
+    report = run_eval(engine, tiny_model_dir, alfworld_games[:2], (42, 43), max_in_flight=1, rollout=greedy)
+    by_seed = {seed: [(r.index, r.actions, r.response_hashes) for r in report.episodes if r.seed == seed]
+               for seed in (42, 43)}
+    assert by_seed[42] == by_seed[43] and len(by_seed[42]) == 2
+    assert report.meta["rollout"]["temperature"] == 0.0 and report.meta["rollout"]["top_p"] == 1.0

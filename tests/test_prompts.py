@@ -8,7 +8,7 @@ import pytest
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
 from actfirst.models.tokenizers import build_qwen3_tokenizer
-from actfirst.prompts import TEMPLATES, Mode, Step, build_prompt, render
+from actfirst.prompts import TEMPLATES, Mode, PromptTooLong, Step, build_prompt, render
 
 # The B.1 section of the paper, kept with the tests (a clean clone has no ../shared); checked against the paper
 # itself where the paper is present.
@@ -157,9 +157,24 @@ def test_no_history_template_and_never_shortening_the_rest(tokenizer):
                           reference_next_observation="R " * 30)
     assert fitted.history_kept == 0 and fitted.text == bare.text
     assert "Your current observation is" in fitted.text and ("R " * 30).strip() in fitted.text
-    with pytest.raises(ValueError, match="budget_tokens=10"):
-        build_prompt(tokenizer, scienceworld, Mode.INVERSE_DYNAMICS, task_description="boil water",
-                     history=history, current=current, budget_tokens=10, reference_next_observation="R")
+    assert not fitted.over_budget
+
+
+def test_a_prompt_over_budget_without_history_goes_ahead_unless_the_model_cannot_take_it(tokenizer):
+    """B.2: the oldest pairs go "until it fits or no history remains"; the no-history prompt is then used as it is.
+    Only the model's own limit refuses it, since B.2 shortens nothing else."""
+    current, scienceworld = CURRENT["scienceworld"], get_benchmark("scienceworld")
+    history = [Step("o " * 50, "look around")] * 3
+    kwargs = dict(task_description="boil water", history=history, current=current, reference_next_observation="R")
+    bare = build_prompt(tokenizer, scienceworld, Mode.INVERSE_DYNAMICS, **{**kwargs, "history": []},
+                        budget_tokens=10_000)
+    over = build_prompt(tokenizer, scienceworld, Mode.INVERSE_DYNAMICS, **kwargs, budget_tokens=10,
+                        limit_tokens=len(bare.token_ids))
+    assert over.over_budget and over.history_kept == 0 and over.token_ids == bare.token_ids
+    with pytest.raises(PromptTooLong, match=f"needs {len(bare.token_ids)} tokens, more than the model takes with "
+                                            f"this request's response budget \\({len(bare.token_ids) - 1}\\)"):
+        build_prompt(tokenizer, scienceworld, Mode.INVERSE_DYNAMICS, **kwargs, budget_tokens=10,
+                     limit_tokens=len(bare.token_ids) - 1)
 
 
 # Qwen3's own chat template ends the generation prompt with an empty thinking block when thinking is off.

@@ -27,8 +27,7 @@ import torch
 
 from actfirst.config import EngineConfig, SchedulerConfig
 from actfirst.engine.llm import VLLMEngine
-from actfirst.engine.request import (FINISH_REASONS, GenerationResult, Request, RequestKind, RequestStatus,
-                                     SamplingSpec)
+from actfirst.engine.request import FINISH_REASONS, GenerationResult, Request, RequestKind, RequestStatus, SamplingSpec
 from actfirst.engine.scheduler import Scheduler
 
 _FINISH_STATUS = {"stop": RequestStatus.FINISHED_STOPPED, "length": RequestStatus.FINISHED_LENGTH,
@@ -101,6 +100,11 @@ class ActFirstEngine:
             raise ValueError(f"scheduler.b_max={scheduler_cfg.b_max}: must not exceed "
                              f"engine.max_num_seqs={engine_cfg.max_num_seqs}")
         return cls(VLLMEngine(engine_cfg, world_size=world_size), scheduler_cfg)
+
+    @property
+    def max_model_len(self) -> int:
+        """The most tokens a request's prompt and response may hold together (vLLM's ``max_model_len``)."""
+        return int(self.vllm.engine.model_config.max_model_len)
 
     def reconfigure(self, scheduler_cfg: SchedulerConfig) -> None:
         """Replace the scheduling policy (b_max, admission) while idle; records are cleared."""

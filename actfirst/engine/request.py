@@ -49,6 +49,7 @@ class SamplingSpec:
     stop: tuple[str, ...] = ()
     """Stop strings (e.g. ``("</action>",)``); the stop string is kept in the output."""
     temperature: float = 1.0
+    """0: greedy decoding (evaluation only: there is no sampled policy, so the log-probs are no log pi_old)."""
     top_p: float = 1.0
     seed: int | None = None
     ignore_eos: bool = False
@@ -58,8 +59,8 @@ class SamplingSpec:
             raise ValueError(f"max_tokens={self.max_tokens!r}: must be >= 1")
         if not 0 <= self.min_tokens <= self.max_tokens:
             raise ValueError(f"min_tokens={self.min_tokens!r}: must be in [0, max_tokens={self.max_tokens}]")
-        if self.temperature <= 0:
-            raise ValueError(f"temperature={self.temperature!r}: must be > 0 (log pi_old needs a sampled policy)")
+        if self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature!r}: must be >= 0 (0: greedy)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p={self.top_p!r}: must be in (0, 1]")
 

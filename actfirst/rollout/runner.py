@@ -11,7 +11,13 @@ Per turn t of an episode (Sec. 4, Appendix B.2):
 
 A batch ends when every episode and every full response of it has finished (Appendix C.5). An environment worker
 that dies or raises fails its episode with the reason; the batch goes on, and the samples of the contexts already
-visited are kept. So does a context whose prompt cannot fit ``rollout.max_prompt_tokens`` even without history.
+visited are kept.
+
+Prompts follow B.2: history is dropped, oldest pair first, to fit ``rollout.max_prompt_tokens``; a no-history prompt
+still over it goes ahead as it is (counted: ``prompts_over_budget``). Only a prompt that the model cannot take with
+its response budget (``max_model_len`` less the response's tokens) is refused: an inverse-dynamics prompt then falls
+back to next-action prediction for that turn (counted: ``id_overflow_naps``); a full-response or next-action prompt
+ends the episode with the reason, as a failed environment does.
 """
 
 from __future__ import annotations
@@ -26,11 +32,10 @@ from transformers import PreTrainedTokenizerBase
 
 from actfirst.config import RolloutConfig
 from actfirst.engine.core import ActFirstEngine
-from actfirst.envs.base import Transition
+from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.workers import EnvError, EnvPool, EnvWorker, WorkerDied
-from actfirst.prompts import Mode, PromptTooLong, Step, build_prompt
-from actfirst.envs.base import Reference
+from actfirst.prompts import Mode, Prompt, PromptTooLong, Step, build_prompt
 from actfirst.rollout.actions import FastAction, generate_fast_action
 from actfirst.rollout.budget import FullResponse, generate_full_response
 from actfirst.rollout.strategies import ActionSource, RolloutStrategy
@@ -78,11 +83,23 @@ class EpisodeResult:
     full_response_done: list[float]
     """perf_counter time at which each turn's full response finished."""
     failure: str | None
-    """Why the episode was cut short (a worker died or the environment raised), else None."""
+    """Why the episode was cut short (a worker died, the environment raised, a prompt the model cannot take)."""
+    prompts: PromptCounts = dataclasses.field(default_factory=lambda: PromptCounts())
+    """How often B.2 went past its budget (see the module docstring)."""
 
     @property
     def num_turns(self) -> int:
         return len(self.turns)
+
+
+@dataclasses.dataclass(slots=True)
+class PromptCounts:
+    """An episode's prompts that B.2 could not fit to ``rollout.max_prompt_tokens``."""
+
+    over_budget: int = 0
+    """Requests sent with no history and still over the budget (B.2: "until it fits or no history remains")."""
+    id_overflow_naps: int = 0
+    """Inverse-dynamics prompts the model could not take, replaced by a next-action request for that turn."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -114,6 +131,7 @@ class RolloutRunner:
         self.cfg = cfg
         self.references = references
         self.seed = seed
+        self.max_model_len = engine.max_model_len
 
     async def run_batch(self, tasks: Sequence[Any], batch_index: int) -> RolloutBatch:
         """Run one episode per task, concurrently (one worker each); returns when all of them, and all their full
@@ -144,18 +162,19 @@ class RolloutRunner:
         full_tasks: list[asyncio.Future] = []
         last: Transition | None = None
         failure = None
+        counts = PromptCounts()
         try:
             current = await worker.areset(task)
             last = current
             for t in range(self.benchmark.max_turns):
-                context = self._prompt(Mode.FULL_RESPONSE, current, history).token_ids
+                context = self._prompt(Mode.FULL_RESPONSE, current, history, counts).token_ids
                 full = asyncio.ensure_future(self.full_response(context, seed + 2 * t))
                 contexts.append(context)
                 full_tasks.append(full)
                 guided = guidance.active
                 source = self.strategy.source(guidance, t, len(reference.actions) if reference else 0)
                 action, proposal, source, fast = await self._action(source, full, current, history, reference, t,
-                                                                    seed + 2 * t + 1)
+                                                                    seed + 2 * t + 1, counts)
                 step_started = time.perf_counter()
                 nxt = await worker.astep(action)
                 check, go_on = None, True
@@ -182,12 +201,18 @@ class RolloutRunner:
             won=bool(last and self.benchmark.succeeded(last)), done=done, guided=guided_episode,
             fallback_turn=guidance.fallback_turn, aligned_turns=guidance.aligned_turns,
             fully_aligned=guided_episode and guidance.active and done and failure is None, contexts=contexts,
-            full_responses=[f for f, _ in fulls], full_response_done=[d for _, d in fulls], failure=failure)
+            full_responses=[f for f, _ in fulls], full_response_done=[d for _, d in fulls], failure=failure,
+            prompts=counts)
 
-    def _prompt(self, mode: Mode, current: Transition, history: list[Step], reference_next: str | None = None):
-        return build_prompt(self.tokenizer, self.benchmark, mode, task_description=current.task_description,
-                            history=history, current=current, budget_tokens=self.cfg.max_prompt_tokens,
-                            reference_next_observation=reference_next)
+    def _prompt(self, mode: Mode, current: Transition, history: list[Step], counts: PromptCounts,
+                reference_next: str | None = None) -> Prompt:
+        """The request of ``mode`` fitted by B.2; the model's limit is max_model_len less the response's budget."""
+        response = self.cfg.budget.total if mode is Mode.FULL_RESPONSE else self.cfg.budget.fast_action_tokens
+        prompt = build_prompt(self.tokenizer, self.benchmark, mode, task_description=current.task_description,
+                              history=history, current=current, budget_tokens=self.cfg.max_prompt_tokens,
+                              limit_tokens=self.max_model_len - response, reference_next_observation=reference_next)
+        counts.over_budget += prompt.over_budget
+        return prompt
 
     async def full_response(self, prompt_ids: list[int], seed: int) -> tuple[FullResponse, float]:
         """The full response (B.3) to a context's prompt, and when it finished."""
@@ -197,14 +222,12 @@ class RolloutRunner:
             second_stage=budget.second_stage, temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed)
         return response, time.perf_counter()
 
-    async def _fast(self, mode: Mode, current: Transition, history: list[Step], seed: int,
-                    reference_next: str | None = None) -> FastAction:
-        prompt = self._prompt(mode, current, history, reference_next)
+    async def _fast(self, prompt: Prompt, seed: int) -> FastAction:
         return await generate_fast_action(self.engine, prompt.token_ids, max_tokens=self.cfg.budget.fast_action_tokens,
                                           temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed)
 
     async def _action(self, source: ActionSource, full: asyncio.Future, current: Transition, history: list[Step],
-                      reference: Reference | None, t: int, seed: int
+                      reference: Reference | None, t: int, seed: int, counts: PromptCounts
                       ) -> tuple[str, str | None, ActionSource, FastAction | None]:
         """(executed action, replaced invalid proposal or None, its source, the fast action executed or None)."""
         if source is ActionSource.FULL_RESPONSE:
@@ -214,15 +237,21 @@ class RolloutRunner:
             return reference.actions[t], None, source, None
         if source is ActionSource.INVERSE_DYNAMICS and t >= len(reference.actions):
             source = ActionSource.NEXT_ACTION  # nothing left to condition on; the check fails ("reference exhausted")
+        if source is ActionSource.INVERSE_DYNAMICS:
+            reference_next = self.benchmark.reference_observation(reference.transitions[t + 1].observation)
+            try:
+                prompt = self._prompt(Mode.INVERSE_DYNAMICS, current, history, counts, reference_next)
+            except PromptTooLong:  # the reference does not fit the model: next-action prediction for this turn
+                counts.id_overflow_naps += 1
+                source = ActionSource.NEXT_ACTION
         if source is ActionSource.NEXT_ACTION:
-            fast = await self._fast(Mode.NEXT_ACTION, current, history, seed)
+            fast = await self._fast(self._prompt(Mode.NEXT_ACTION, current, history, counts), seed)
             return fast.action, None, source, fast
-        reference_next = self.benchmark.reference_observation(reference.transitions[t + 1].observation)
-        fast = await self._fast(Mode.INVERSE_DYNAMICS, current, history, seed, reference_next)
+        fast = await self._fast(prompt, seed)
         if self.benchmark.valid_action(fast.action, current):
             return fast.action, None, source, fast
         # B.5: an invalid proposal triggers one NAP request from the unchanged context before execution.
-        retry = await self._fast(Mode.NEXT_ACTION, current, history, seed + (1 << 29))
+        retry = await self._fast(self._prompt(Mode.NEXT_ACTION, current, history, counts), seed + (1 << 29))
         return retry.action, fast.action, ActionSource.NAP_RETRY, retry
 
 

@@ -28,6 +28,8 @@ def rollout_counts(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
         "fully_aligned": sum(e.fully_aligned for e in guided), "aligned_turns": sum(e.aligned_turns for e in guided),
         "fallbacks": len(fallbacks), "fallback_turns": sum(fallbacks),
         "nap_retries": sum(t.proposal is not None for e in episodes for t in e.turns),
+        "prompts_over_budget": sum(e.prompts.over_budget for e in episodes),
+        "id_overflow_naps": sum(e.prompts.id_overflow_naps for e in episodes),
     }
 
 
@@ -49,6 +51,8 @@ def rollout_rates(counts: dict[str, float]) -> dict[str, float]:
         "fallback/rate": ratio("fallbacks", "guided"),
         "fallback/mean_turn": ratio("fallback_turns", "fallbacks"),
         "rollout/nap_retries": c["nap_retries"],
+        "prompt/over_budget": c["prompts_over_budget"],
+        "prompt/id_overflow_naps": c["id_overflow_naps"],
     }
 
 

@@ -23,6 +23,16 @@ TRAINING_CURVE_SIZE = (7.0, 6.0)
 """Inches; at ``DPI`` the PNG is 700 x 600 pixels."""
 
 
+WALL_CLOCK = "wall_clock.json"
+"""A finished run's wall-clock (``train_s``, ``eval_s``, ``probe_s``; Appendix C.3), in its out_dir."""
+
+
+def read_wall_clock(run_dir: str | Path) -> dict[str, Any] | None:
+    """The finished run's :data:`WALL_CLOCK` record (None while the run has not finished)."""
+    path = Path(run_dir) / WALL_CLOCK
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """The JSON records of a JSONL file, one per ``update`` (a later line replaces an earlier one of the same update,
     as after a resume), in update order. A missing file gives none; a last line without its newline (being written

@@ -23,6 +23,10 @@ engine frees its GPU memory during scoring and the update instead.
 
 Evaluations (C.1, C.4: think-then-act, the evaluation budget, seeds 42/43/44) run before the first update, every
 ``evaluation.every`` updates and after the last, on the training engines; their time is not training time.
+Training wall-clock follows C.3: from the trainer's initialization (engine, models) to its shutdown (the last
+checkpoint and the engine's shutdown included), evaluation excluded, and so is our own diagnostic (the per-update
+probe and the engines' agreement check), reported apart as ``probe_s``. The final figures go to
+``<out_dir>/wall_clock.json``; every speedup is computed from its ``train_s``.
 Checkpoints (``actfirst.train.state``) every ``checkpoint_every`` updates and after the last; ``--resume``
 continues from the latest one, losing at most the updates since it, on this or another number of ranks.
 """
@@ -53,6 +57,7 @@ from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.eval import evaluate, merge_reports, pick_tasks
 from actfirst.eval_report import teacher_summary
+from actfirst.files import write_atomically
 from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
 from actfirst.parallel.context import (
@@ -72,7 +77,7 @@ from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics
 from actfirst.train.head import LMHeadModel
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
-from actfirst.train.plots import plot_training_curve, read_records
+from actfirst.train.plots import WALL_CLOCK, plot_training_curve, read_records
 from actfirst.train.sample import Sample
 from actfirst.train.state import load_training_checkpoint, save_training_checkpoint
 from actfirst.train.student import StudentUpdater
@@ -93,7 +98,9 @@ class TrainResult:
     out_dir: Path
     num_updates: int
     wall_s: float
-    """Process-level training time: initialization to shutdown (Appendix C.3), evaluation excluded."""
+    """Process-level training time: initialization to shutdown (Appendix C.3), evaluation and the probe excluded."""
+    probe_s: float
+    """The probe's and the engine check's time (a diagnostic, not the method's)."""
     num_transitions: int
     weight_version: int
     probe_gaps: list[float]
@@ -184,7 +191,9 @@ class Trainer:
         self.cfg, self.ctx, self.resume = cfg, ctx, resume
         self.out_dir = Path(cfg.out_dir)
         self.started = time.perf_counter()
-        self.eval_s = 0.0
+        self.eval_s = self.probe_s = 0.0
+        """This process's evaluation and probe time; with ``*_before``, the run's since its start."""
+        self.eval_before = self.probe_before = 0.0
         check_layout(cfg, ctx.world_size)
         self.checkpoint = self._resume_point()
         self.benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
@@ -253,6 +262,7 @@ class Trainer:
         self.probe_gaps = list(trainer_state["probe_gaps"])
         self.total_transitions = trainer_state["total_transitions"]
         self.first_update, self.elapsed_before = trainer_state["update"] + 1, trainer_state["elapsed_s"]
+        self.eval_before, self.probe_before = trainer_state.get("eval_s", 0.0), trainer_state.get("probe_s", 0.0)
         self.engine.weight_version = trainer_state["weight_version"]  # the engine loaded the checkpoint's weights
         if trainer_state["world_size"] == self.ctx.world_size:  # the same ranks: this rank's state exactly
             state = rank_states[0]
@@ -296,8 +306,8 @@ class Trainer:
         self.sink = MetricsSink(self.out_dir)
 
     def elapsed(self) -> float:
-        """Training wall-clock so far, the runs before a resume included, evaluation excluded."""
-        return self.elapsed_before + time.perf_counter() - self.started - self.eval_s
+        """Training wall-clock so far (C.3), the runs before a resume included, evaluation and probe excluded."""
+        return self.elapsed_before + time.perf_counter() - self.started - self.eval_s - self.probe_s
 
     # -- the run ----------------------------------------------------------------------------------------------------
 
@@ -338,8 +348,15 @@ class Trainer:
             if self.sink is not None:
                 self.sink.close()
             await self.engine.shutdown()
+        wall, probe = self.elapsed(), self.probe_before + self.probe_s
         evals = read_records(self.out_dir / "evals.jsonl") if self.ctx.lead else []
-        return TrainResult(self.out_dir, self.cfg.num_updates, self.elapsed(), self.total_transitions,
+        if self.ctx.lead:
+            write_atomically(self.out_dir / WALL_CLOCK, json.dumps({
+                "train_s": wall, "eval_s": self.eval_before + self.eval_s, "probe_s": probe,
+                "updates": self.cfg.num_updates, "definition": "Appendix C.3: the trainer's initialization to its "
+                "shutdown, evaluation and the probe excluded; teacher training and reference construction are "
+                "not in the trainer"}, indent=1))
+        return TrainResult(self.out_dir, self.cfg.num_updates, wall, probe, self.total_transitions,
                            self.engine.weight_version, self.probe_gaps, evals)
 
     async def step(self, update: int) -> None:
@@ -351,8 +368,11 @@ class Trainer:
         metrics = await self.score_and_update(samples)
         version = await self.sync_weights(metrics, stats)
         stats.close(self.engine, self.buffer, time.perf_counter() - clock)  # the probes below are not the update's
+        t0 = time.perf_counter()
         metrics.update(await self.check_engines())
         metrics.update(await self.probe(update))
+        metrics["probe_s"] = time.perf_counter() - t0
+        self.probe_s += metrics["probe_s"]
         self.engine.records.clear()
         self.log(update, metrics, stats, version)
         self.save_checkpoint(update)
@@ -511,7 +531,8 @@ class Trainer:
         trainer_state = {
             "update": update, "config": to_dict(cfg), "updater": self.updater.state_dict(),
             "weight_version": self.engine.weight_version, "probe_gaps": self.probe_gaps,
-            "total_transitions": self.total_transitions, "elapsed_s": self.elapsed()}
+            "total_transitions": self.total_transitions, "elapsed_s": self.elapsed(),
+            "eval_s": self.eval_before + self.eval_s, "probe_s": self.probe_before + self.probe_s}
         rank_state = {
             "buffer": self.buffer.state_dict(), "tasks": self.stream.state_dict(self.benchmark.task_key),
             "probe_contexts": self.probe_contexts, "batch_index": self.batch_index, "recent": list(self.recent),
@@ -534,8 +555,8 @@ class Trainer:
         if self.ctx.lead:
             tqdm.write(f"evaluation at update {update}: {len(self.eval_tasks)} tasks x seeds {spec.seeds}")
         report = await evaluate(self.engine, self.tokenizer, self.benchmark, self.eval_tasks, seeds=spec.seeds,
-                                rollout=self.cfg.rollout, max_in_flight=spec.max_in_flight, progress=False,
-                                pool=self.pool, shard=(self.ctx.rank, self.ctx.world_size))
+                                rollout=spec.sampling(self.cfg.rollout), max_in_flight=spec.max_in_flight,
+                                progress=False, pool=self.pool, shard=(self.ctx.rank, self.ctx.world_size))
         parts = all_gather_objects(report)
         self.engine.records.clear()  # the evaluation's requests are not the next update's queue statistics
         wall = reduce_max([time.perf_counter() - t0])[0]

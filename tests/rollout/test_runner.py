@@ -6,16 +6,16 @@ import asyncio
 import time
 
 import pytest
+from transformers import AutoTokenizer
 
 from actfirst.config import ALFWorldConfig, RolloutConfig, SchedulerConfig, ScienceWorldConfig, ThinkingBudgetConfig
+from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld_tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
-from actfirst.envs.base import Reference
 from actfirst.references import replay
 from actfirst.rollout.runner import RolloutRunner, episode_samples
 from actfirst.rollout.strategies import ActionSource, make_strategy
-from transformers import AutoTokenizer
 
 BUDGET = ThinkingBudgetConfig(first_stage=24, total=32, second_stage=8, fast_action_tokens=6)
 
@@ -59,12 +59,13 @@ def scienceworld():
                                                                           if not a.startswith("open door")])
 
 
-def run(engine, tiny_model_dir, setup, strategy, budget=BUDGET, play=None):
+def run(engine, tiny_model_dir, setup, strategy, budget=BUDGET, play=None, max_prompt_tokens=2000):
     """One rollout batch of ``setup``'s tasks; ``play(pool, runner_kwargs)``, when given, runs it instead."""
     benchmark, tasks, refs = setup
     engine.reconfigure(SchedulerConfig(b_max=8))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = RolloutConfig(strategy=strategy, batch_tasks=len(tasks), max_prompt_tokens=2000, budget=budget)
+    cfg = RolloutConfig(strategy=strategy, batch_tasks=len(tasks), max_prompt_tokens=max_prompt_tokens,
+                        budget=budget)
     strat = make_strategy(strategy)
 
     async def go():
@@ -300,3 +301,38 @@ def test_guidance_holds_while_checks_pass_then_falls_back_for_good(engine, tiny_
     metrics = rollout_rates(rollout_counts(batch.episodes))
     assert metrics["align/first_action"] == 1.0 and metrics["align/full_trajectory"] == 0.0
     assert metrics["align/turn_coverage"] == 1 / episode.num_turns and metrics["fallback/mean_turn"] == 1.0
+
+
+def test_prompts_over_the_budget_go_ahead_without_history_and_are_counted(engine, tiny_model_dir, alfworld):
+    """B.2 with a 10-token budget: no prompt fits even without history, so every request goes without history, as
+    it is (the model takes it), and is counted; no episode fails for it."""
+    from actfirst.train.metrics import rollout_counts, rollout_rates
+
+    benchmark = alfworld[0]
+    batch, _ = run(engine, tiny_model_dir, alfworld, "vanilla", max_prompt_tokens=10)
+    for episode in batch.episodes:
+        assert episode.failure is None and episode.prompts.over_budget == episode.num_turns  # one full response each
+    assert all(len(c) > 10 for e in batch.episodes for c in e.contexts)
+    assert rollout_rates(rollout_counts(batch.episodes))["prompt/over_budget"] == batch.num_transitions
+    check_common(batch, benchmark)
+
+
+def test_an_inverse_dynamics_prompt_the_model_cannot_take_falls_back_to_nap(engine, tiny_model_dir, alfworld):
+    """A reference next observation longer than the engine's max_model_len (2,048) makes turn 0's inverse-dynamics
+    prompt impossible; B.2 does not shorten the reference, so that turn is next-action prediction, counted, and the
+    episode goes on (the check then fails on the reference's observation: the NAP fallback for good)."""
+    import dataclasses
+
+    from actfirst.train.metrics import rollout_counts, rollout_rates
+
+    benchmark, tasks, refs = alfworld
+    key = benchmark.task_key(tasks[0])
+    ref = refs[key]
+    long = dataclasses.replace(ref.transitions[1], observation="a very long observation " * 700)
+    refs = {key: Reference(key, ref.actions, [ref.transitions[0], long, *ref.transitions[2:]], "test")}
+    batch, _ = run(engine, tiny_model_dir, (benchmark, [tasks[0]], refs), "actfirst")
+    (episode,) = batch.episodes
+    assert episode.failure is None and episode.prompts.id_overflow_naps == 1
+    assert episode.turns[0].source == ActionSource.NEXT_ACTION and episode.turns[0].check != "passed"
+    assert episode.fallback_turn == 0
+    assert rollout_rates(rollout_counts(batch.episodes))["prompt/id_overflow_naps"] == 1

@@ -49,6 +49,7 @@ def test_the_loop_turns_and_resumes(run_config):
     assert all(r["probe/gap"] is not None and r["probe/gap"] < 0 for r in rows)
     assert all(0 <= r["clip_frac"] <= 1 and r["num_supervised"] > 0 for r in rows)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "update_000002"
+    check_wall_clock(run_dir, rows)
 
     # A second run without --resume refuses to mix its metrics into this run's.
     proc = subprocess.run([sys.executable, "-m", "actfirst.run", "--config", str(config)], capture_output=True,
@@ -62,6 +63,17 @@ def test_the_loop_turns_and_resumes(run_config):
     assert [r["update"] for r in rows] == [1, 2, 3]
     assert rows[2]["weight_version"] == 3
     assert rows[2]["elapsed_s"] > rows[1]["elapsed_s"]
+    check_wall_clock(run_dir, rows)
+
+
+def check_wall_clock(run_dir, rows):
+    """C.3's figure: final (after the last metrics line: the last checkpoint and the shutdown), the probe apart
+    (the sum of the updates' ``probe_s``, resumes included), and the one the run summary reports."""
+    wall = json.loads((run_dir / "wall_clock.json").read_text())
+    assert wall["train_s"] > rows[-1]["elapsed_s"] and wall["updates"] == rows[-1]["update"]
+    assert all(r["probe_s"] > 0 for r in rows)
+    assert abs(wall["probe_s"] - sum(r["probe_s"] for r in rows)) < 1e-6
+    assert json.loads((run_dir / "run_summary.json").read_text())["train_wall_s"] == wall["train_s"]
 
 
 def test_bad_config_is_named(run_config, tmp_path):
