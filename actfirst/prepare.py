@@ -132,7 +132,7 @@ def _engine_config(cfg: TrainConfig, model: str, need_tokens: int) -> EngineConf
 
 
 def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark) -> Path:
-    """The teacher's successful rollouts as candidates (cached as ``<references>.teacher.jsonl``)."""
+    """The teacher's rollouts that may become references, as candidates (cached as ``<references>.teacher.jsonl``)."""
     from transformers import AutoTokenizer
 
     from actfirst.engine.core import ActFirstEngine

@@ -4,11 +4,13 @@
     python -m actfirst.references build --benchmark alfworld --out refs/alfworld.jsonl --candidates teacher.jsonl
 
 Candidates per task: the benchmark's own (``Benchmark.candidates``: the simulator's gold path on ScienceWorld, the
-planner's walkthrough stored with each ALFWorld game) and any JSONL of candidate action sequences (one
-``{"task": <key>, "actions": [...]}`` per line, e.g. teacher rollouts; ``<key>`` as ``Benchmark.task_key`` prints
-it). Every candidate is replayed in full under the training environment configuration (``--config``, ``--set``);
-successful replays are kept and the best by ``Benchmark.rank`` is selected (the fewest actions; WebShop: the
-highest score first); ScienceWorld candidates are first shortened while their replay still succeeds.
+planner's walkthrough stored with each ALFWorld game, the oracle solution built from each WebShop goal) and any
+JSONL of candidate action sequences (one ``{"task": <key>, "actions": [...]}`` per line, e.g. teacher rollouts;
+``<key>`` as ``Benchmark.task_key`` prints it). Every candidate is replayed in full under the training environment
+configuration (``--config``, ``--set``); replays that ``Benchmark.accepts_reference`` (success; WebShop: any
+purchase with a positive score) are kept and the best by ``Benchmark.rank`` is selected (the fewest actions;
+WebShop: the highest score, then the fewest actions); ScienceWorld candidates are first shortened while their
+replay still succeeds.
 
 The cache is JSONL, one line per task, holding the actions and every observation o_1 ... o_{T+1} with the
 per-step information the transition checks need (ALFWorld admissible sets, ScienceWorld action templates, WebShop

@@ -13,10 +13,11 @@ think-then-act (the ``vanilla`` strategy: each turn executes its full response's
 thinking budget and ``rollout.temperature`` (C.2 names neither; these are the settings the candidates are replayed
 under). As in ``actfirst.eval``, up to ``max_in_flight`` episodes run at once on one engine and a pool of that many
 workers kept full, and episode (index, repeat) samples with seeds derived from (seed, index, repeat) alone, never
-from scheduling. The executed action sequences of the successful episodes are kept per task key, deduplicated,
-in repeat order; a task without a success has no entry, and an episode whose worker died or whose environment
-raised counts as a failure. The JSONL written by ``write_candidates`` is what ``actfirst.references`` reads
-(``--candidates``); its candidates carry the source ``candidates:<file name>``.
+from scheduling. The executed action sequences of the episodes that may become references are kept per task key,
+deduplicated, in repeat order (``Benchmark.accepts_reference``: success; WebShop: any purchase with a positive
+score, since C.2 ranks its candidates by score and then length); a task without one has no entry, and an episode
+whose worker died or whose environment raised counts as a failure. The JSONL written by ``write_candidates`` is
+what ``actfirst.references`` reads (``--candidates``); its candidates carry the source ``candidates:<file name>``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def rollout_seed(seed: int, index: int, repeat: int, stride: int) -> int:
 async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any], *, per_task: int = 10,
                              rollout: RolloutConfig, max_in_flight: int = 16, seed: int = 0,
                              progress: bool = True) -> dict[str, list[list[str]]]:
-    """Successful teacher action sequences by ``benchmark.task_key``; see the module docstring."""
+    """The teacher's action sequences that may become references, by ``benchmark.task_key``; see the module
+    docstring."""
     from actfirst.envs.workers import EnvPool
     from actfirst.rollout.runner import RolloutRunner
     from actfirst.rollout.strategies import make_strategy
@@ -85,7 +87,7 @@ async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Seq
     # Task-major: a task's repeats run side by side and share their first prompt in the prefix cache.
     jobs = deque((index, repeat) for index in range(len(tasks)) for repeat in range(per_task))
     total, finished, failures = len(jobs), 0, 0
-    wins: dict[tuple[int, int], list[str]] = {}
+    kept: dict[tuple[int, int], list[str]] = {}
     every = max(1, total // 20)
     started = time.perf_counter()
 
@@ -102,11 +104,11 @@ async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Seq
                 failures += 1
                 print(f"[teacher] task {episode.task} repeat {repeat}: episode failed ({episode.failure})",
                       file=sys.stderr, flush=True)
-            elif episode.won:
-                wins[index, repeat] = [t.action for t in episode.turns]
+            elif benchmark.accepts_reference(episode):
+                kept[index, repeat] = [t.action for t in episode.turns]
             if progress and (finished % every == 0 or finished == total):
                 wall = time.perf_counter() - started
-                print(f"[teacher {benchmark.name}] {finished}/{total} episodes, {len(wins)} successful, "
+                print(f"[teacher {benchmark.name}] {finished}/{total} episodes, {len(kept)} kept, "
                       f"{failures} failed, {finished / wall:.2f} episodes/s", flush=True)
 
         await play_jobs(pool.workers, jobs, play)
@@ -115,7 +117,7 @@ async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Seq
     for index, key in enumerate(keys):
         seen: set[tuple[str, ...]] = set()
         for repeat in range(per_task):
-            actions = wins.get((index, repeat))
+            actions = kept.get((index, repeat))
             if actions is not None and tuple(actions) not in seen:
                 seen.add(tuple(actions))
                 out.setdefault(key, []).append(actions)
@@ -169,14 +171,14 @@ async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: Rollout
                                               rollout=rollout, max_in_flight=args.max_in_flight, seed=args.seed)
     finally:
         await engine.shutdown()
-    print(f"[teacher {benchmark.name}] {len(candidates)}/{len(tasks)} tasks with a successful rollout, "
+    print(f"[teacher {benchmark.name}] {len(candidates)}/{len(tasks)} tasks with a kept rollout, "
           f"{sum(map(len, candidates.values()))} distinct sequences", flush=True)
     return candidates
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    """Play the teacher's rollouts and write the successful ones (every input checked first); the exit status."""
+    """Play the teacher's rollouts and write the kept ones (every input checked first); the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not 1 <= args.per_task <= MAX_REPEATS:

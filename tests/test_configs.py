@@ -69,6 +69,10 @@ def test_training_config_holds_the_paper_settings(path, paths):
         default = load_config(ScienceWorldConfig, CONFIGS / "envs" / "scienceworld.yaml")
         assert env.train_task_types == default.train_task_types and len(env.train_task_types) == 17
         assert env.simplification == "easy"
+    if bench == "webshop":  # C.1: the full product catalog, as the default env file has it
+        assert env == load_config(WebShopConfig, CONFIGS / "envs" / "webshop.yaml")
+        assert (env.product_file, env.attribute_file, env.num_products) == ("items_shuffle.json", "items_ins_v2.json",
+                                                                          None)
     # The placeholders name this setting (the overrides replaced them in cfg).
     raw = yaml.safe_load(path.read_text())
     assert raw["student"]["model"] == f"/models/Qwen3-{size.upper()}"

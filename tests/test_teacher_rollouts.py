@@ -27,7 +27,7 @@ from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld_tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
 from actfirst.references import read_candidates, replay
-from actfirst.rollout.runner import RolloutRunner
+from actfirst.rollout.runner import EpisodeResult, RolloutRunner
 from actfirst.teacher_rollouts import MAX_REPEATS, rollout_seed, teacher_candidates, write_candidates
 
 pytestmark = pytest.mark.engine
@@ -96,6 +96,20 @@ def test_only_the_successful_task_has_its_deduplicated_actions(result, benchmark
     candidates, _ = result
     assert benchmark.task_key(WIN) == "lifespan-longest-lived/3"
     assert candidates == {"lifespan-longest-lived/3": [[ACTION]]}  # two identical wins, kept once; LOSE absent
+
+
+def test_kept_episodes_are_those_the_benchmark_accepts_as_references():
+    """What ``teacher_candidates`` keeps of a played episode: WebShop any purchase with a positive score (C.2 ranks
+    its candidates by score, then length), elsewhere a success only."""
+    def episode(score, *, done=True):
+        return EpisodeResult(task="0", task_type="all", turns=[], score=score, won=score >= 99.999, done=done,
+                             guided=False, fallback_turn=None, aligned_turns=0, fully_aligned=False, contexts=[],
+                             full_responses=[], full_response_done=[], failure=None)
+
+    webshop, scienceworld = get_benchmark("webshop"), get_benchmark("scienceworld")
+    assert webshop.accepts_reference(episode(100.0)) and webshop.accepts_reference(episode(37.5))
+    assert not webshop.accepts_reference(episode(0.0)) and not webshop.accepts_reference(episode(60.0, done=False))
+    assert scienceworld.accepts_reference(episode(100.0)) and not scienceworld.accepts_reference(episode(75.0))
 
 
 def test_episodes_are_think_then_act_with_the_teachers_text(result, benchmark):

@@ -79,6 +79,19 @@ class TextEnv(abc.ABC):
         return not done and turn >= self.max_turns
 
 
+class Outcome(Protocol):
+    """How an episode ended, as a ``Transition`` or a played episode reports it (what reference selection reads)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    @property
+    def won(self) -> bool: ...
+
+    @property
+    def score(self) -> float: ...
+
+
 class EnvFactory(Protocol):
     """What a worker process builds its environment from (picklable; ``Benchmark.env_spec()`` gives one)."""
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, WebShopConfig, load_config
-from actfirst.envs.base import Reference, TextEnv, Transition
+from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
 from actfirst.envs.checks import (
     SEARCH_MISMATCH_ALLOWED,
     CheckResult,
@@ -30,6 +30,7 @@ from actfirst.envs.checks import (
     scienceworld_check,
     webshop_action_valid,
     webshop_check,
+    webshop_reference_product,
 )
 
 if TYPE_CHECKING:
@@ -136,9 +137,10 @@ class Benchmark(abc.ABC):
         """C.1 success of an episode's final transition (each environment sets ``won`` by C.1's rule)."""
         return transition.won
 
-    def accepts_reference(self, final: Transition) -> bool:
-        """Whether a replayed candidate ending in ``final`` may become the task's reference (C.2): success."""
-        return self.succeeded(final)
+    def accepts_reference(self, final: Outcome) -> bool:
+        """Whether a candidate ending in ``final`` (a replay's last transition, or a played episode) may become the
+        task's reference (C.2): success."""
+        return final.won
 
     async def candidates(self, worker: EnvWorker, task: Any) -> list[tuple[str, list[str]]]:
         """The benchmark's own reference candidates for ``task`` as (source, actions), next to user candidates."""
@@ -282,7 +284,7 @@ class WebShopBenchmark(Benchmark):
     def make_env(self) -> TextEnv:
         from actfirst.envs.webshop_env import WebShopTextEnv
 
-        return WebShopTextEnv(max_turns=self.config.max_turns, num_products=self.config.num_products)
+        return WebShopTextEnv(self.config)
 
     def prompt_fields(self, current: Transition) -> dict[str, str]:
         actions = ["search[<your query>]"] if current.has_search_bar else []
@@ -299,15 +301,18 @@ class WebShopBenchmark(Benchmark):
         return webshop_action_valid(action, has_search_bar=current.has_search_bar, clickables=current.admissible)
 
     def _check(self, reference, t, *, action, current, next, previous):
+        """B.5 with the search-results exception: after a turn that passed through it, this turn checks the product
+        of that turn's search (``t - 1``), else the product of a search at ``t``."""
         ref = reference.transitions[t + 1]
-        following = reference.actions[t + 1] if t + 1 < len(reference.actions) else None
+        after = previous is not None and previous.reason == SEARCH_MISMATCH_ALLOWED
         return webshop_check(
             action=action, has_search_bar=current.has_search_bar, clickables=current.admissible, done=next.done,
             ref_done=ref.done, next_observation=next.observation, ref_next_observation=ref.observation,
             next_clickables=next.admissible, ref_next_clickables=ref.admissible,
             next_has_search_bar=next.has_search_bar, ref_next_has_search_bar=ref.has_search_bar,
-            ref_action=reference.actions[t], ref_following_action=following,
-            after_search_mismatch=previous is not None and previous.reason == SEARCH_MISMATCH_ALLOWED)
+            ref_action=reference.actions[t],
+            ref_product=webshop_reference_product(reference.actions, t - 1 if after else t),
+            after_search_mismatch=after)
 
     def task_key(self, task) -> str:
         return str(task.goal_idx)
@@ -320,10 +325,28 @@ class WebShopBenchmark(Benchmark):
 
         return webshop_split(split)
 
-    def accepts_reference(self, final: Transition) -> bool:
+    def accepts_reference(self, final: Outcome) -> bool:
         """Any purchase with a positive score: C.2 ranks WebShop candidates by score, so a partial score may be
         the best a task has."""
         return final.done and final.score > 0
+
+    async def candidates(self, worker, task) -> list[tuple[str, list[str]]]:
+        """C.2's oracle solution built from the task's goal (``oracle_actions``), on the results page that lists
+        the goal product after the oracle's search (found by replaying the search and its next pages); none when
+        the search does not return the product."""
+        from actfirst.envs.webshop_env import NEXT_PAGE, RESULT_PAGES, oracle_actions
+
+        goal = await worker.acall("goal", task)
+        product = goal.asin.lower()
+        await worker.areset(task)
+        page = await worker.astep(oracle_actions(goal)[0])
+        for number in range(1, RESULT_PAGES + 1):
+            if product in page.admissible:
+                return [("oracle", oracle_actions(goal, result_page=number))]
+            if number == RESULT_PAGES or "next >" not in page.admissible:
+                break
+            page = await worker.astep(NEXT_PAGE)
+        return []
 
     def rank(self, reference: Reference) -> tuple:
         """C.2: the highest score first, then the fewest actions."""

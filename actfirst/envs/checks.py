@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import unicodedata
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -139,6 +139,8 @@ def scienceworld_check(*, action: str, admissible: Iterable[str], done: bool, re
 _ACTION = re.compile(r"^\s*(search|click)\[(.*)\]\s*$", re.DOTALL | re.IGNORECASE)
 _CLICK_NOTIFICATION = "you have clicked "
 _RESULTS_MARKER = "total results:"
+WEBSHOP_PAGE_BUTTONS = frozenset({"back to search", "next >", "< prev"})
+"""The clickables of a WebShop search-results page that are not products."""
 
 
 def parse_webshop_action(action: str) -> tuple[str, str] | None:
@@ -147,6 +149,11 @@ def parse_webshop_action(action: str) -> tuple[str, str] | None:
     if match is None:
         return None
     return match.group(1).lower(), match.group(2).strip()
+
+
+def _kind(action: str) -> str | None:
+    parsed = parse_webshop_action(action)
+    return None if parsed is None else parsed[0]
 
 
 def webshop_action_valid(action: str, *, has_search_bar: bool, clickables: Iterable[str]) -> bool:
@@ -176,23 +183,39 @@ def is_search_results(observation: str) -> bool:
     return _RESULTS_MARKER in normalize_text(observation)
 
 
+def webshop_reference_product(ref_actions: Sequence[str], search_turn: int) -> str | None:
+    """B.5's reference product of the reference's search at ``search_turn``: the product identifier (lowercased) in
+    the reference's immediately following click action. None when that action is not a search, or the following
+    action is not a click on a product (a page button such as "Next >" names no product)."""
+    if not 0 <= search_turn < len(ref_actions) - 1 or _kind(ref_actions[search_turn]) != "search":
+        return None
+    parsed = parse_webshop_action(ref_actions[search_turn + 1])
+    if parsed is None or parsed[0] != "click" or parsed[1].lower() in WEBSHOP_PAGE_BUTTONS:
+        return None
+    return parsed[1].lower()
+
+
 def webshop_check(*, action: str, has_search_bar: bool, clickables: Iterable[str], done: bool, ref_done: bool,
                   next_observation: str, ref_next_observation: str, next_clickables: Iterable[str],
                   ref_next_clickables: Iterable[str], next_has_search_bar: bool, ref_next_has_search_bar: bool,
-                  ref_action: str, ref_following_action: str | None, after_search_mismatch: bool = False
-                  ) -> CheckResult:
+                  ref_action: str, ref_product: str | None, after_search_mismatch: bool = False) -> CheckResult:
     """WebShop (B.5). Valid action; termination flags agree; normalized next observations equal (click
     notifications removed) and, for non-terminal transitions, the sorted available-action lists equal.
 
-    The search-results exception: non-terminal search-results pages may differ when both the student's and the
-    reference's actions are searches (or, at the next turn, ``after_search_mismatch``: the previous transition
-    passed through this exception) and the product of the reference's immediately following click
-    (``ref_following_action``) is clickable for the student. Such a pass is reported as
-    ``reason=SEARCH_MISMATCH_ALLOWED``; the caller passes ``after_search_mismatch`` for the next turn.
+    The search-results exception. At the search's turn: non-terminal search-results pages may differ when both the
+    student's and the reference's actions are searches and the reference product (``ref_product``: see
+    :func:`webshop_reference_product`) is clickable on the student's page; such a pass has
+    ``reason=SEARCH_MISMATCH_ALLOWED``. At the next turn (``after_search_mismatch``: the previous turn passed so,
+    and ``ref_product`` is still that search's product) the student's page still differs from the reference's,
+    which is allowed provided that the reference product remains clickable on it; the transition of this turn (the
+    click that follows) must satisfy the ordinary rules.
     """
-    next_clickables = list(next_clickables)
+    clickables = [c.lower() for c in clickables]
+    next_clickables = [c.lower() for c in next_clickables]
     if not webshop_action_valid(action, has_search_bar=has_search_bar, clickables=clickables):
         return CheckResult(False, "invalid action")
+    if after_search_mismatch and ref_product not in clickables:
+        return CheckResult(False, "reference product not clickable")
     if done != ref_done:
         return CheckResult(False, "termination mismatch")
     same_observation = normalize_webshop_observation(next_observation) == normalize_webshop_observation(
@@ -203,11 +226,8 @@ def webshop_check(*, action: str, has_search_bar: bool, clickables: Iterable[str
                     == _sorted_actions(ref_next_clickables, ref_next_has_search_bar))
     if same_observation and same_actions:
         return PASSED
-    both_searches = (parse_webshop_action(action) or ("",))[0] == "search" == (
-        parse_webshop_action(ref_action) or ("",))[0]
-    following = parse_webshop_action(ref_following_action or "")
-    if ((both_searches or after_search_mismatch) and is_search_results(next_observation)
-            and is_search_results(ref_next_observation) and following is not None and following[0] == "click"
-            and following[1].lower() in {c.lower() for c in next_clickables}):
+    if (_kind(action) == "search" == _kind(ref_action) and ref_product is not None
+            and is_search_results(next_observation) and is_search_results(ref_next_observation)
+            and ref_product in next_clickables):
         return CheckResult(True, SEARCH_MISMATCH_ALLOWED)
     return CheckResult(False, "observation mismatch" if not same_observation else "available actions mismatch")

@@ -4,21 +4,34 @@ WebShop's code and data are not on PyPI (the PyPI package is an empty stub), so 
 ``web_agent_site`` lazily and says how to install it when it is missing. It drives WebShop's text environment
 (``WebAgentTextEnv``, observation mode "text": page elements joined by " [SEP] ") with ``search[...]`` and
 ``click[...]`` actions, the available-actions dictionary (``has_search_bar``, ``clickables``) and the score page. The
-paper's split: goal ids 0-4095 train, 4096-4195 evaluation, WebShop's goal shuffle seed 233 (fixed in WebShop's
-own ``SimServer``); a 15-turn limit; score = the purchase reward x 100 (0 without a purchase); success = score >=
-99.999.
+paper's setting (C.1): the full product catalog (``WebShopConfig.product_file``), goal ids 0-4095 train and
+4096-4195 evaluation, goal-construction seed 233; a 15-turn limit; score = the purchase reward x 100 (0 without a
+purchase); success = score >= 99.999.
+
+C.2's oracle solutions are built from a goal by plain functions (``oracle_query``, ``oracle_actions``) on a
+:class:`WebShopGoal`, which ``WebShopTextEnv.goal`` reads from WebShop's goal list.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
+import re
+from pathlib import Path
 
+from actfirst.config import ConfigError, WebShopConfig
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.checks import webshop_action_valid
 
 TRAIN_GOALS = range(0, 4096)
 EVAL_GOALS = range(4096, 4196)
 SUCCESS_SCORE = 99.999
+GOAL_SEED = 233
+"""C.1: "The goal-construction seed is fixed at 233"."""
+RESULT_PAGES = 5
+"""Search-results pages WebShop shows for a query (its 50 results, 10 a page)."""
+NEXT_PAGE = "click[next >]"
+BUY = "click[buy now]"
 _SEP = " [SEP] "
 _INSTRUCTION = "Instruction:"
 
@@ -33,6 +46,21 @@ class WebShopTask:
     """One WebShop goal (instruction), by its index in WebShop's shuffled goal list."""
 
     goal_idx: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WebShopGoal:
+    """What an oracle solution is built from (C.2): one goal of WebShop's list and its product's options."""
+
+    instruction: str
+    asin: str
+    """The product the goal was made from."""
+    options: tuple[str, ...]
+    """The goal's option values, as WebShop's goal lists them."""
+    price_upper: float
+    """The goal's price cap (WebShop draws it at random: see ``GOAL_SEED``)."""
+    product_options: dict[str, tuple[str, ...]]
+    """The product's options: name -> values, as its page offers them (lowercased, "/" written " | ")."""
 
 
 def webshop_split(split: str) -> list[WebShopTask]:
@@ -75,19 +103,78 @@ def parse_score(observation: str) -> float | None:
     return None
 
 
+_PRICE_CLAUSE = re.compile(r",?\s*and price lower than [\d.]+ dollars\s*$", re.IGNORECASE)
+
+
+def oracle_query(instruction: str) -> str:
+    """The search query of an oracle solution: the instruction without its price clause (", and price lower than
+    40.00 dollars", which WebShop appends and its text search cannot use), lowercased, brackets removed."""
+    return " ".join(_PRICE_CLAUSE.sub("", instruction).replace("[", " ").replace("]", " ").lower().split())
+
+
+def product_option_value(option: str) -> str:
+    """An option value as a product page offers it (WebShop's ``load_products``: stripped, "/" -> " | ",
+    lowercased)."""
+    return option.strip().replace("/", " | ").lower()
+
+
+def oracle_option_clicks(goal: WebShopGoal) -> list[str]:
+    """A click on each goal option the product offers, in the goal's order; at most one value per option name
+    (choosing another value of the same name replaces the first). Goal options the product does not offer are
+    left out (they cost their share of the reward; C.2 ranks candidates by score)."""
+    clicks, chosen = [], set()
+    for option in goal.options:
+        value = product_option_value(option)
+        name = next((n for n, values in goal.product_options.items() if value in values and n not in chosen), None)
+        if name is not None:
+            chosen.add(name)
+            clicks.append(f"click[{value}]")
+    return clicks
+
+
+def oracle_actions(goal: WebShopGoal, *, result_page: int = 1) -> list[str]:
+    """C.2's oracle solution of ``goal``: search with ``oracle_query``, go to results page ``result_page`` (where the
+    goal product is listed), click the goal product, choose the goal options, buy."""
+    if not 1 <= result_page <= RESULT_PAGES:
+        raise ValueError(f"result_page={result_page}: must be in [1, {RESULT_PAGES}]")
+    return ([f"search[{oracle_query(goal.instruction)}]"] + [NEXT_PAGE] * (result_page - 1)
+            + [f"click[{goal.asin.lower()}]"] + oracle_option_clicks(goal) + [BUY])
+
+
+def catalog_path(data_dir: Path, file: str, key: str) -> Path:
+    """``file`` as WebShop reads it: a name in WebShop's ``data_dir``, or a path; a missing file is a
+    :class:`ConfigError` naming ``key`` and the value."""
+    path = data_dir / file
+    if not path.is_file():
+        raise ConfigError(f"{key}={file!r}: no such file ({path}); WebShop's ./setup.sh -d all downloads the full "
+                          "catalog (items_shuffle.json, items_ins_v2.json), -d small the 1,000-product preview")
+    return path
+
+
 class WebShopTextEnv(TextEnv):
     """WebShop's text environment (one search engine and product catalog per worker)."""
 
     benchmark = "webshop"
 
-    def __init__(self, max_turns: int = 15, num_products: int | None = None, human_goals: bool = True):
+    def __init__(self, config: WebShopConfig | None = None, *, human_goals: bool = True):
+        config = WebShopConfig() if config is None else config
         try:
+            from web_agent_site.engine import engine
             from web_agent_site.envs import WebAgentTextEnv
+            from web_agent_site.utils import BASE_DIR
         except ImportError as e:
             raise ImportError(INSTALL_HINT) from e
-        self.max_turns = max_turns
-        self.num_products = num_products
-        self._env = WebAgentTextEnv(observation_mode="text", num_products=num_products, human_goals=human_goals)
+        data_dir = Path(BASE_DIR).parent / "data"
+        products = catalog_path(data_dir, config.product_file, "product_file")
+        # WebShop reads the attribute file from this module global only (its README: edit it for the full catalog).
+        engine.DEFAULT_ATTR_PATH = str(catalog_path(data_dir, config.attribute_file, "attribute_file"))
+        self.max_turns = config.max_turns
+        self.num_products = config.num_products
+        # WebShop draws product prices and the goals' price caps from `random` before it seeds 233 for the goal
+        # shuffle; seeding first makes every worker and every run build the same goals (C.1: seed 233).
+        random.seed(GOAL_SEED)
+        self._env = WebAgentTextEnv(observation_mode="text", file_path=str(products),
+                                    num_products=config.num_products, human_goals=human_goals)
         self._available = {"has_search_bar": False, "clickables": []}
         self._turn = 0
         self._score = 0.0
@@ -108,6 +195,17 @@ class WebShopTextEnv(TextEnv):
             page_score = parse_score(observation)
             self._score = page_score if page_score is not None else 100.0 * reward
         return self._transition(observation, done=bool(done), valid=valid)
+
+    def goal(self, task: WebShopTask) -> WebShopGoal:
+        """The goal of ``task`` and its product's options, as WebShop built them."""
+        server = self._env.server
+        goal = server.goals[task.goal_idx]
+        options = goal["goal_options"]
+        options = options.values() if isinstance(options, dict) else options  # synthetic goals: name -> value
+        product = server.product_item_dict[goal["asin"]]
+        return WebShopGoal(instruction=goal["instruction_text"], asin=goal["asin"], options=tuple(options),
+                           price_upper=float(goal["price_upper"]),
+                           product_options={k: tuple(v) for k, v in product["options"].items()})
 
     def _transition(self, observation: str, *, done: bool, valid: bool) -> Transition:
         self._available = self._env.get_available_actions()

@@ -139,27 +139,32 @@ PRODUCT = state(f"{INSTRUCTION} [SEP] Back to Search [SEP] < Prev [SEP] Red Cott
                 ["back to search", "< prev", "buy now"])
 SCORE = state("Thank you for shopping with us! [SEP] Your score (min 0.0, max 1.0) [SEP] 1.0", done=True,
               score=100.0)
-REFERENCE = Reference("0", ["search[red cotton shirt]", "click[next >]", "click[b09abc1234]", "click[buy now]"], [
-    HOME, state(page(1, "B01"), ["back to search", "next >", "b01"]),
-    state(page(2, "B09ABC1234"), ["back to search", "< prev", "next >", "b09abc1234"]), PRODUCT, SCORE], "test")
+REFERENCE = Reference("0", ["search[red cotton shirt]", "click[b09abc1234]", "click[buy now]"], [
+    HOME, state(page(1, "B01", "B09ABC1234"), ["back to search", "next >", "b01", "b09abc1234"]), PRODUCT, SCORE],
+    "test")
 
 
 def test_webshop_check_carries_a_search_mismatch_to_the_next_turn_only():
     webshop = get_benchmark("webshop")
-    results = state(page(1, "B02"), ["back to search", "next >", "b02"])  # other results than the reference's
+    results = state(page(1, "B02", "B09ABC1234"), ["back to search", "next >", "b02", "b09abc1234"])  # not the ref's
     first = webshop.check(REFERENCE, 0, action="search[red shirt]", current=HOME, next=results)
     assert first == CheckResult(True, SEARCH_MISMATCH_ALLOWED)
-    page2 = state(page(2, "B03", "B09ABC1234"), ["back to search", "< prev", "next >", "b03", "b09abc1234"])
-    kwargs = dict(action="click[next >]", current=results, next=page2)
-    assert webshop.check(REFERENCE, 1, **kwargs, previous=first).passed  # the next turn may differ too ...
-    assert webshop.check(REFERENCE, 1, **kwargs, previous=None).reason == "observation mismatch"  # ... only then
-    assert webshop.check(REFERENCE, 1, **kwargs, previous=CheckResult(True)).reason == "observation mismatch"
-    product = webshop.check(REFERENCE, 2, action="click[b09abc1234]", current=page2, next=PRODUCT,
-                            previous=CheckResult(True, SEARCH_MISMATCH_ALLOWED))
-    assert product == CheckResult(True)  # the click that follows meets the ordinary rules
-    bought = webshop.check(REFERENCE, 3, action="click[buy now]", current=PRODUCT, next=SCORE, previous=product)
+    # The next turn starts from the student's own results page: the reference product must remain clickable there,
+    # and the click that follows meets the ordinary rules.
+    product = webshop.check(REFERENCE, 1, action="click[b09abc1234]", current=results, next=PRODUCT, previous=first)
+    assert product == CheckResult(True)
+    lost = state(page(1, "B02"), ["back to search", "next >", "b02"])
+    kwargs = dict(action="click[next >]", current=lost, next=state(page(2, "B09ABC1234"), ["b09abc1234"]))
+    assert webshop.check(REFERENCE, 1, **kwargs, previous=first).reason == "reference product not clickable"
+    assert webshop.check(REFERENCE, 1, **kwargs, previous=None).reason == "observation mismatch"
+    # A reference that pages on after its search has no product in the click that follows it: no exception.
+    paging = Reference("0", ["search[red cotton shirt]", "click[next >]", "click[b09abc1234]"],
+                       REFERENCE.transitions, "test")
+    assert webshop.check(paging, 0, action="search[red shirt]", current=HOME,
+                         next=results).reason == "observation mismatch"
+    bought = webshop.check(REFERENCE, 2, action="click[buy now]", current=PRODUCT, next=SCORE, previous=product)
     assert bought.passed and webshop.succeeded(SCORE) and webshop.accepts_reference(SCORE)
-    assert webshop.check(REFERENCE, 4, action="click[back to search]", current=SCORE,
+    assert webshop.check(REFERENCE, 3, action="click[back to search]", current=SCORE,
                          next=SCORE) == CheckResult(False, "reference exhausted")
 
 
@@ -172,6 +177,16 @@ def test_webshop_keeps_partial_scores_for_references_and_ranks_by_score():
     assert webshop.rank(REFERENCE) < webshop.rank(short)  # the higher score wins over fewer actions
     alfworld = get_benchmark("alfworld")
     assert alfworld.rank(short) < alfworld.rank(REFERENCE)  # elsewhere the fewer actions
+
+
+def test_webshop_ranks_by_score_then_length():
+    def ref(score, length):
+        end = state(SCORE.observation, done=True, score=score)
+        return Reference("0", ["click[buy now]"] * length, [end] * (length + 1), f"{score}/{length}")
+
+    candidates = [ref(50.0, 3), ref(100.0, 9), ref(75.0, 2), ref(100.0, 4), ref(75.0, 5)]
+    ranked = sorted(candidates, key=get_benchmark("webshop").rank)
+    assert [r.source for r in ranked] == ["100.0/4", "100.0/9", "75.0/2", "75.0/5", "50.0/3"]
 
 
 @pytest.mark.skipif(WEBSHOP_INSTALLED, reason="WebShop is installed")

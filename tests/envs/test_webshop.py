@@ -1,18 +1,31 @@
-"""WebShop parsing and transition-check rules (Appendix B.5) on observations in WebShop's own text format.
+"""WebShop parsing, transition-check rules (Appendix B.5) and oracle solutions (C.2), on pages and goals in WebShop's
+own formats; where WebShop is installed, also its goals across worker processes (C.1) and the oracle's replay.
 
 WebShop cannot be installed here (its code and data are not on PyPI), so the pages below are written in the
 format of its text environment (observation mode "text": elements joined by " [SEP] "; the "text_rich" mode's
-click notifications "You have clicked ..." on their own lines).
+click notifications "You have clicked ..." on their own lines) and the goals in the format of its goal list.
 """
 
+import asyncio
 import builtins
+import importlib.util
+import json
 
 import pytest
 
+from actfirst.config import ConfigError, WebShopConfig
+from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.checks import (is_search_results, normalize_webshop_observation, parse_webshop_action,
-                                  webshop_action_valid, webshop_check)
-from actfirst.envs.webshop_env import (EVAL_GOALS, TRAIN_GOALS, WebShopTextEnv, instruction_of, parse_score,
-                                       strip_instruction, webshop_split)
+                                  webshop_action_valid, webshop_check, webshop_reference_product)
+from actfirst.envs.webshop_env import (EVAL_GOALS, TRAIN_GOALS, WebShopGoal, WebShopTask, WebShopTextEnv,
+                                       catalog_path, instruction_of, oracle_actions, oracle_option_clicks,
+                                       oracle_query, parse_score, strip_instruction, webshop_split)
+from actfirst.envs.workers import EnvPool
+from actfirst.references import load_references, replay, transition_config
+
+WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
+needs_webshop = pytest.mark.skipif(not WEBSHOP_INSTALLED,
+                                   reason="WebShop is not installed (its code and data are not on PyPI)")
 
 INSTRUCTION = "WebShop [SEP] Instruction: [SEP] i need a red cotton shirt, and price lower than 40.00 dollars"
 HOME = f"{INSTRUCTION} [SEP] Search"
@@ -69,7 +82,7 @@ def check(**override):
                   next_clickables=["back to search", "< prev", "red", "blue", "buy now"],
                   ref_next_clickables=["buy now", "blue", "red", "< prev", "back to search"],
                   next_has_search_bar=False, ref_next_has_search_bar=False, ref_action="click[b09abc1234]",
-                  ref_following_action="click[red]")
+                  ref_product=None)
     kwargs.update(override)
     return webshop_check(**kwargs)
 
@@ -90,47 +103,166 @@ def test_ordinary_rules_both_ways():
 
 def test_terminal_transitions_compare_observations_only():
     buy = dict(action="click[buy now]", clickables=["buy now"], done=True, ref_done=True, next_observation=SCORE,
-               ref_next_observation=SCORE, ref_action="click[buy now]", ref_following_action=None)
+               ref_next_observation=SCORE, ref_action="click[buy now]")
     assert check(**buy, next_clickables=[], ref_next_clickables=["back to search"]).passed
     assert not check(**{**buy, "next_observation": SCORE.replace("0.75", "0.5")}).passed
+
+
+def test_reference_product_is_the_product_of_the_click_right_after_the_search():
+    actions = ["search[red shirt]", "click[B09ABC1234]", "click[red]", "click[buy now]"]
+    assert webshop_reference_product(actions, 0) == "b09abc1234"
+    assert webshop_reference_product(actions, 1) is None  # not a search
+    assert webshop_reference_product(["search[red shirt]"], 0) is None  # nothing follows
+    # A page button names no product (B.5: "the product identifier in the reference's immediately following click").
+    for button in ("Next >", "< Prev", "Back to Search"):
+        assert webshop_reference_product(["search[red shirt]", f"click[{button}]", "click[b09abc1234]"], 0) is None
+    assert webshop_reference_product(["search[red shirt]", "search[shirt]", "click[b09abc1234]"], 0) is None
 
 
 def search_check(**override):
     kwargs = dict(action="search[red cotton shirt]", has_search_bar=True, clickables=[],
                   next_observation=results("B07XYZ9876", "B09ABC1234"), ref_next_observation=results("B09ABC1234"),
                   next_clickables=RESULT_CLICKS, ref_next_clickables=["back to search", "next >", "b09abc1234"],
-                  ref_action="search[red shirt cotton]", ref_following_action="click[B09ABC1234]")
+                  ref_action="search[red shirt cotton]", ref_product="b09abc1234")
     kwargs.update(override)
     return check(**kwargs)
 
 
-def test_search_results_exception_at_the_current_turn():
+def test_search_results_exception_at_the_search():
     result = search_check()
     assert result.passed and result.reason == "search-results mismatch allowed"
-    # The reference's next product is not clickable for the student: fail.
+    # The reference product is not clickable for the student: fail, even with other products and "next >" there.
     assert not search_check(next_clickables=["back to search", "next >", "b07xyz9876"]).passed
     # The reference action was not a search: ordinary rules.
     assert not search_check(ref_action="click[next >]").passed
     # The student's action was not a search (but a valid click): ordinary rules.
     assert not search_check(action="click[next >]", clickables=RESULT_CLICKS).passed
-    # The reference's following action is not a click on a product.
-    assert not search_check(ref_following_action=None).passed
+    # No reference product (the reference's next click is a page button, or nothing follows).
+    assert not search_check(ref_product=None).passed
     # A non-results page never gets the exception.
     assert not search_check(next_observation=PRODUCT).passed
 
 
 def test_search_results_exception_at_the_next_turn():
-    page2 = dict(action="click[next >]", has_search_bar=False, clickables=RESULT_CLICKS,
-                 next_observation=results("B01AAA0000", "B09ABC1234"), ref_next_observation=results("B09ABC1234"),
-                 next_clickables=["back to search", "< prev", "b01aaa0000", "b09abc1234"],
-                 ref_next_clickables=["back to search", "< prev", "b09abc1234"], ref_action="click[next >]",
-                 ref_following_action="click[b09abc1234]")
-    assert not check(**page2).passed  # without a preceding allowed search mismatch: ordinary rules
-    assert check(**page2, after_search_mismatch=True).passed
-    gone = {**page2, "next_clickables": ["back to search", "< prev", "b01aaa0000"]}
-    assert not check(**gone, after_search_mismatch=True).passed  # reference product no longer clickable
-    # The click on the product that follows must satisfy the ordinary rules, even after a mismatch.
-    assert not check(next_observation=PRODUCT.replace("$12.99", "$13.99"), after_search_mismatch=True).passed
+    # The student's page still differs from the reference's; the product click that follows meets ordinary rules.
+    student_page = ["back to search", "next >", "b07xyz9876", "b09abc1234"]
+    follow = dict(action="click[b09abc1234]", clickables=student_page, ref_action="click[b09abc1234]",
+                  ref_product="b09abc1234", after_search_mismatch=True)
+    assert check(**follow).passed
+    # The reference product must remain clickable on the student's page.
+    gone = check(**{**follow, "clickables": ["back to search", "next >", "b07xyz9876"], "action": "click[next >]"})
+    assert gone.reason == "reference product not clickable"
+    # Another transition fails as usual: another product's page, or a results page where the reference has the
+    # product's page (the exception holds at the search's turn only).
+    other_product = PRODUCT.replace("Red Cotton", "Blue Linen")
+    assert check(**follow, next_observation=other_product).reason == "observation mismatch"
+    page2 = check(**{**follow, "action": "click[next >]"}, next_observation=results("B01AAA0000"),
+                  next_clickables=["back to search", "< prev", "b01aaa0000", "b09abc1234"])
+    assert page2.reason == "observation mismatch"
+
+
+# -- Oracle solutions (C.2), built from hand-made goals in the format of WebShop's goal list ---------------------
+
+GOAL = WebShopGoal(
+    instruction="i need a men's red cotton shirt in x-large, and price lower than 40.00 dollars", asin="B09ABC1234",
+    options=("Red/Black", "X-Large"), price_upper=40.0,
+    product_options={"color": ("blue", "red | black"), "size": ("large", "x-large")})
+
+
+def test_oracle_query_is_the_instruction_without_its_price_clause():
+    assert oracle_query(GOAL.instruction) == "i need a men's red cotton shirt in x-large"
+    assert oracle_query("Find a [blue] mug") == "find a blue mug"  # brackets would end the search action early
+    assert oracle_query("a mug, and price lower than 100.00 dollars, please") == (
+        "a mug, and price lower than 100.00 dollars, please")  # only WebShop's own trailing clause goes
+
+
+def test_oracle_actions_search_click_the_product_choose_options_and_buy():
+    assert oracle_actions(GOAL) == ["search[i need a men's red cotton shirt in x-large]", "click[b09abc1234]",
+                                    "click[red | black]", "click[x-large]", "click[buy now]"]
+    assert oracle_actions(GOAL, result_page=3)[1:4] == ["click[next >]", "click[next >]", "click[b09abc1234]"]
+    for page in (0, 6):
+        with pytest.raises(ValueError, match=f"result_page={page}"):
+            oracle_actions(GOAL, result_page=page)
+    plain = WebShopGoal(instruction="a mug", asin="B01MUG0000", options=(), price_upper=1e6, product_options={})
+    assert oracle_actions(plain) == ["search[a mug]", "click[b01mug0000]", "click[buy now]"]
+
+
+def test_oracle_options_are_the_products_own_values_one_per_name():
+    # Options the product does not offer are left out; a second value of an already chosen name too.
+    goal = WebShopGoal(instruction="x", asin="B0", options=("large", "Purple", "x-large", "red | black"),
+                       price_upper=1e6, product_options=GOAL.product_options)
+    assert oracle_option_clicks(goal) == ["click[large]", "click[red | black]"]
+
+
+def test_catalog_is_a_named_file(tmp_path):
+    assert WebShopConfig().product_file == "items_shuffle.json"  # C.1: the full catalog, not WebShop's preview
+    assert WebShopConfig().attribute_file == "items_ins_v2.json" and WebShopConfig().num_products is None
+    (tmp_path / "items_shuffle.json").write_text("[]")
+    assert catalog_path(tmp_path, "items_shuffle.json", "product_file") == tmp_path / "items_shuffle.json"
+    elsewhere = tmp_path / "mine.json"
+    elsewhere.write_text("[]")
+    assert catalog_path(tmp_path / "data", str(elsewhere), "product_file") == elsewhere  # a path is taken as is
+    with pytest.raises(ConfigError, match=r"attribute_file='items_ins_v2.json': no such file"):
+        catalog_path(tmp_path, "items_ins_v2.json", "attribute_file")
+    with pytest.raises(ConfigError, match=r"num_products=500: must be null"):
+        WebShopConfig(num_products=500)
+    with pytest.raises(ConfigError, match=r"product_file=' ': must name a file"):
+        WebShopConfig(product_file=" ")
+
+
+def test_a_reference_cache_records_its_catalog(tmp_path):
+    """The catalog shapes the goal list and every page: a cache built on another one is refused."""
+    config = WebShopConfig(product_file="items_shuffle_1000.json", attribute_file="items_ins_v2_1000.json",
+                           num_products=1000)
+    cache = tmp_path / "webshop.jsonl"
+    cache.write_text("")
+    meta = {"benchmark": "webshop", "config": transition_config(config), "coverage": 1.0}
+    (tmp_path / "webshop.jsonl.meta.json").write_text(json.dumps(meta))
+    assert meta["config"]["product_file"] == "items_shuffle_1000.json"
+    assert load_references(cache, benchmark=get_benchmark("webshop", config)) == {}
+    with pytest.raises(ConfigError, match=r"built under another webshop config \(3 key\(s\) differ, e.g. "
+                                          r"attribute_file: cache 'items_ins_v2_1000.json', run 'items_ins_v2.json'"):
+        load_references(cache, benchmark=get_benchmark("webshop"))
+
+
+# -- With WebShop installed: goals across processes (C.1) and the oracle's replay (C.2) ---------------------------
+
+GOAL_SAMPLE = [WebShopTask(i) for i in (0, 1, 2, 3, 100, 1000, 4095, 4096, 4195)]
+
+
+@needs_webshop
+def test_two_worker_processes_build_identical_goals():
+    """WebShop draws prices and price caps from `random` before seeding 233; two spawned workers (each with its own
+    random state) must still build the same goals, instructions included."""
+    benchmark = get_benchmark("webshop")
+
+    async def goals():
+        with EnvPool(benchmark.env_spec(), size=2) as pool:
+            return [[await w.acall("goal", t) for t in GOAL_SAMPLE] for w in pool.workers]
+
+    first, second = asyncio.run(goals())
+    assert first == second
+    assert len({g.instruction for g in first}) == len(GOAL_SAMPLE)
+
+
+@needs_webshop
+def test_oracle_solutions_replay_to_a_purchase():
+    benchmark = get_benchmark("webshop")
+
+    async def play():
+        with EnvPool(benchmark.env_spec(), size=1) as pool:
+            worker = pool.workers[0]
+            out = []
+            for task in GOAL_SAMPLE[:5]:
+                for source, actions in await benchmark.candidates(worker, task):
+                    out.append((source, actions, *(await replay(worker, task, actions))))
+            return out
+
+    played = asyncio.run(play())
+    assert played  # the oracle found its product for at least one of five goals
+    for source, actions, executed, transitions in played:
+        assert source == "oracle" and executed == actions and transitions[-1].done
+        assert all(t.valid for t in transitions[1:]) and benchmark.accepts_reference(transitions[-1])
 
 
 def test_splits_and_missing_install(monkeypatch):
