@@ -214,8 +214,12 @@ class RolloutSpeedupConfig:
     """N, tasks per batch."""
     num_batches: int = 1
     """Batches of N tasks per repeat (the paper uses 64 batches of 16 = 1,024 contexts)."""
+    contexts: Literal["synthetic", "alfworld"] = "synthetic"
+    """``alfworld``: the first turn of ALFWorld training games, proportional by type (Fig. 3(a); ``alfworld``
+    says which games); ``synthetic``: ALFWorld-like text of ``context_tokens`` tokens (a quick check)."""
+    alfworld: ALFWorldConfig = dataclasses.field(default_factory=ALFWorldConfig)
     context_tokens: tuple[int, int] = (300, 600)
-    """Range of context lengths (tokens) drawn for the fixed interaction contexts."""
+    """Range of context lengths (tokens) drawn for ``synthetic`` contexts."""
     fast_action_tokens: int = 16
     full_response_tokens: list[int] = dataclasses.field(default_factory=lambda: [128, 512])
     b_max: list[int] = dataclasses.field(default_factory=lambda: [16, 32, 64, 128, 256])

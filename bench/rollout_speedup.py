@@ -45,6 +45,7 @@ from actfirst.engine.core import ActFirstEngine, summarize_records  # noqa: E402
 from actfirst.engine.request import RequestKind, SamplingSpec  # noqa: E402
 from actfirst.models.factory import build_model, environment_corpus  # noqa: E402
 from actfirst.user_input import check_model_dir, check_writable_dir, command  # noqa: E402
+from speedup_contexts import alfworld_contexts  # noqa: E402
 
 FAST, FULL = RequestKind.FAST_ACTION, RequestKind.FULL_RESPONSE
 
@@ -59,7 +60,15 @@ FAST_TAIL = ("Now it's your turn to take an action.\nYou should choose an admiss
 
 
 def make_contexts(tokenizer, cfg: RolloutSpeedupConfig) -> list[tuple[list[int], list[int]]]:
-    """(fast-action prompt, full-response prompt) token ids for each of num_batches * num_tasks contexts."""
+    """(fast-action prompt, full-response prompt) token ids for each of num_batches * num_tasks contexts, of the
+    kind ``cfg.contexts`` names."""
+    if cfg.contexts == "alfworld":
+        return alfworld_contexts(tokenizer, cfg)
+    return synthetic_contexts(tokenizer, cfg)
+
+
+def synthetic_contexts(tokenizer, cfg: RolloutSpeedupConfig) -> list[tuple[list[int], list[int]]]:
+    """ALFWorld-like text of ``context_tokens`` tokens closed by the B.1 tails (a quick check, no simulator)."""
     rng = random.Random(cfg.seed)
     sentences = [s for s in environment_corpus() if "{" not in s and len(s) > 10]
     contexts = []
