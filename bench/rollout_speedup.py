@@ -32,6 +32,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch and vLLM start their thread pools
 
 from rollout_model import estimates  # noqa: E402
+from speedup_contexts import alfworld_contexts  # noqa: E402
 
 from actfirst.config import (  # noqa: E402
     ModelConfig,
@@ -45,7 +46,6 @@ from actfirst.engine.core import ActFirstEngine, summarize_records  # noqa: E402
 from actfirst.engine.request import RequestKind, SamplingSpec  # noqa: E402
 from actfirst.models.factory import build_model, environment_corpus  # noqa: E402
 from actfirst.user_input import check_model_dir, check_writable_dir, command  # noqa: E402
-from speedup_contexts import alfworld_contexts  # noqa: E402
 
 FAST, FULL = RequestKind.FAST_ACTION, RequestKind.FULL_RESPONSE
 

@@ -15,11 +15,29 @@ import pytest
 
 from actfirst.config import ConfigError, WebShopConfig
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.checks import (is_search_results, normalize_webshop_observation, parse_webshop_action,
-                                  webshop_action_valid, webshop_check, webshop_reference_product)
-from actfirst.envs.webshop_env import (EVAL_GOALS, TRAIN_GOALS, WebShopGoal, WebShopTask, WebShopTextEnv,
-                                       catalog_path, instruction_of, oracle_actions, oracle_option_clicks,
-                                       oracle_query, parse_score, strip_instruction, webshop_split)
+from actfirst.envs.checks import (
+    is_search_results,
+    normalize_webshop_observation,
+    parse_webshop_action,
+    webshop_action_valid,
+    webshop_check,
+    webshop_reference_product,
+)
+from actfirst.envs.webshop_env import (
+    EVAL_GOALS,
+    TRAIN_GOALS,
+    WebShopGoal,
+    WebShopTask,
+    WebShopTextEnv,
+    catalog_path,
+    instruction_of,
+    oracle_actions,
+    oracle_option_clicks,
+    oracle_query,
+    parse_score,
+    strip_instruction,
+    webshop_split,
+)
 from actfirst.envs.workers import EnvPool
 from actfirst.references import load_references, replay, transition_config
 
