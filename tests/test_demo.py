@@ -14,6 +14,8 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
+from actfirst.config import EVAL_TEMPERATURE
+
 SMALL_MODEL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
                "head_dim": 32, "intermediate_size": 128}  # vLLM CPU attention needs head_dim >= 32
 
@@ -69,6 +71,8 @@ def test_demo_prepares_trains_evaluates(demo_run):
     assert [e["update"] for e in evals] == [0, 1, 2]
     assert all(e["summary"]["episodes"] == 2 for e in evals)
     assert all((run / e["report"]).is_file() for e in evals)
+    sampling = json.loads((run / evals[0]["report"]).read_text())["meta"]["rollout"]
+    assert (sampling["temperature"], sampling["top_p"]) == (EVAL_TEMPERATURE, 1.0)  # evaluation's own, not training's
     assert (run / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((run / "run_summary.json").read_text())
     # evaluation time is not training time: training and evaluations fit in what followed preparation
