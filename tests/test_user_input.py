@@ -67,6 +67,13 @@ def test_a_directory_as_the_config(capsys, tmp_path):
     assert status == 2 and f"--config={str(tmp_path)!r}: is a directory, not a file" in line
 
 
+def test_a_config_that_is_not_text(capsys, tmp_path):
+    binary = tmp_path / "model.safetensors"
+    binary.write_bytes(bytes(range(256)) * 4)
+    status, line = run_main(capsys, "--config", str(binary))
+    assert status == 2 and f"--config={str(binary)!r}: is not a text file" in line
+
+
 def test_malformed_yaml_names_the_file_and_where(capsys, tmp_path, out_dir):
     bad = tmp_path / "bad.yaml"
     bad.write_text("benchmark: scienceworld\nstudent:\n  model: [unclosed\n")
