@@ -219,8 +219,9 @@ def test_abort_resolves_with_partial_output(engine):
 def test_bad_requests_are_rejected(engine):
     with pytest.raises(ValueError, match="max_tokens=0"):
         SamplingSpec(max_tokens=0)
-    with pytest.raises(ValueError, match="temperature=0"):
-        SamplingSpec(max_tokens=4, temperature=0)
+    with pytest.raises(ValueError, match="temperature=-0.5: must be >= 0"):
+        SamplingSpec(max_tokens=4, temperature=-0.5)
+    assert SamplingSpec(max_tokens=4, temperature=0).temperature == 0  # greedy (evaluation)
 
     async def run():
         engine.submit([], FULL, SamplingSpec(max_tokens=4))
