@@ -183,8 +183,8 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
     total = f"{summary['total_s']:.0f} s in all: " if summary["total_s"] is not None else ""
     lines = ["", f"[run] done: {cfg.num_updates} updates on {summary['world_size']} rank(s), "
                  f"{summary['transitions']} transitions, weight version {summary['weight_version']}; {total}prepare "
-                 f"{summary['prepare_s']:.0f} s, training {summary['train_wall_s']:.0f} s, evaluation "
-                 f"{summary['eval_wall_s']:.0f} s"]
+                 f"{summary['prepare_s']:.0f} s, training {summary['train_wall_s']:.0f} s (C.3), evaluation "
+                 f"{summary['eval_wall_s']:.0f} s, probe {summary['probe_wall_s']:.0f} s"]
     teacher = summary["teacher"]
     if teacher is not None:
         lo, hi = teacher["SR_ci95_pooled"]
