@@ -71,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
 
     cfg = load_run_config(args.config, args.overrides)  # a rank started by the launcher or by torchrun
     check_inputs(cfg)
-    return record(run_rank)(args, cfg)  # an error is written where the launcher reads it
+    status = record(run_rank)(args, cfg)  # an error is written where the launcher reads it
+    # Every output is written and closed. Leave without the interpreter's teardown: a native thread that a library
+    # never joined can abort it ("terminate called without an active exception", SIGABRT after a finished run,
+    # seen once on a 2-rank resume), and the launcher would then report a finished run as failed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 def launch(args: argparse.Namespace) -> int:
