@@ -173,16 +173,7 @@ async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: Env
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(f"{out}.partial")
-    done: dict[str, str] = {}
-    if partial.exists():
-        for line in partial.read_text().splitlines():
-            if line.strip():
-                try:
-                    done[json.loads(line)["task"]] = line
-                except json.JSONDecodeError:  # a line cut by an interruption
-                    pass
-        write_atomically(partial, "".join(line + "\n" for line in done.values()))  # the cut line goes
-        print(f"resuming: {len(done)} of {len(tasks)} tasks already in {partial}")
+    done = _resume_partial(partial, len(tasks))
     failed: dict[str, str] = {}
     queue: asyncio.Queue = asyncio.Queue()
     for task, key in zip(tasks, keys):
@@ -215,6 +206,31 @@ async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: Env
                       f" | {rate:.2f} tasks/s", flush=True)
 
     await asyncio.gather(*(run(w) for w in pool.workers))
+    return _publish(benchmark, keys, done, failed, out, partial, candidate_files=candidate_files, shorten=shorten,
+                    allow_partial=allow_partial)
+
+
+def _resume_partial(partial: Path, total: int) -> dict[str, str]:
+    """The finished tasks' cache lines of an interrupted build, by task key (a line cut by the interruption goes)."""
+    done: dict[str, str] = {}
+    if not partial.exists():
+        return done
+    for line in partial.read_text().splitlines():
+        if line.strip():
+            try:
+                done[json.loads(line)["task"]] = line
+            except json.JSONDecodeError:  # a line cut by an interruption
+                pass
+    write_atomically(partial, "".join(line + "\n" for line in done.values()))
+    print(f"resuming: {len(done)} of {total} tasks already in {partial}")
+    return done
+
+
+def _publish(benchmark: Benchmark, keys: list[str], done: dict[str, str], failed: dict[str, str], out: Path,
+             partial: Path, *, candidate_files: Sequence[str | Path], shorten: bool,
+             allow_partial: bool) -> dict[str, Any]:
+    """Write ``<out>.meta.json`` and ``out`` (at 100% coverage, or below with ``allow_partial``) and drop the
+    partial file; returns the metadata."""
     covered = [k for k in keys if k in done]
     meta = {"benchmark": benchmark.name, "config": transition_config(benchmark.config), "tasks": len(keys),
             "covered": len(covered), "coverage": len(covered) / max(1, len(keys)),
