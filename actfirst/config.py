@@ -289,9 +289,12 @@ class ThinkingBudgetConfig:
 class RolloutConfig:
     """How a rollout batch is collected (Sec. 4, Sec. 5.3, Appendix B.2-B.3)."""
 
-    strategy: Literal["vanilla", "actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100"] = "actfirst"
+    strategy: Literal["vanilla", "actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "f2b", "b2f",
+                      "uopd"] = "actfirst"
     """``vanilla``: think-then-act (Vanilla OPD); ``actfirst``: ActFirst-OPD; ``no_id``: w/o ID; ``no_nap``: w/o NAP
-    fallback; ``ref_prefix_50`` / ``ref_prefix_100``: Reference-Prefix Replay (Sec. 5.3)."""
+    fallback; ``ref_prefix_50`` / ``ref_prefix_100``: Reference-Prefix Replay (Sec. 5.3); ``f2b`` / ``b2f``: TCOD's
+    temporal curricula (UOPD paper, Appendix D.3; section ``tcod``); ``uopd``: uncertainty-aware intervention (UOPD
+    paper, Sec. 4.2; section ``uopd``)."""
     batch_tasks: int = 16
     """Tasks per rollout batch (Sec. 5.1: 16); one environment worker each."""
     temperature: float = 1.0
@@ -312,8 +315,59 @@ class RolloutConfig:
 
     @property
     def uses_references(self) -> bool:
-        """Whether the strategy reads the reference cache (everything but ``vanilla`` and ``no_id``)."""
-        return self.strategy not in ("vanilla", "no_id")
+        """Whether the strategy reads the reference cache (B2F's expert prefixes are the reference actions)."""
+        return self.strategy not in ("vanilla", "no_id", "f2b", "uopd")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class TCODConfig:
+    """TCOD's temporal curricula over the rollout horizon (UOPD paper, Appendix D.3), advanced every ``eta`` rollout
+    batches n: F2B plays W_n = min(1 + floor(n / eta), T_max) student turns, then ends the episode; B2F replays
+    P_n = clamp(L - 1 - floor(n / eta), 0, L - 1) reference actions (L: the reference's length), which carry no
+    loss, then the student plays."""
+
+    eta: int | None = None
+    """Rollout batches per curriculum stage (None: the paper's ALFWorld value, 6 for F2B and 5 for B2F)."""
+    max_turns: int = 0
+    """F2B's T_max (0: the benchmark's turn limit)."""
+
+    def __post_init__(self) -> None:
+        _check(self.eta is None or self.eta >= 1, "eta", self.eta, "must be >= 1 (or null: the paper's value)")
+        _check(self.max_turns >= 0, "max_turns", self.max_turns, "must be >= 0 (0: the benchmark's turn limit)")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class UOPDConfig:
+    """UOPD's intervention rule and loss (UOPD paper, Sec. 4.2, Sec. 5.3, Appendix D.4); see
+    ``actfirst.rollout.intervention``."""
+
+    score: Literal["teacher_confidence", "logprob_gap"] = "teacher_confidence"
+    """The uncertainty score of a student proposal: ``teacher_confidence`` (the paper's default on ALFWorld and
+    WebShop) or ``logprob_gap`` (the length-normalized student-teacher log-prob gap)."""
+    selection: Literal["uncertainty", "random"] = "uncertainty"
+    """``random``: Sec. 5.3's ablation, each turn intervened with probability r_n."""
+    rate: tuple[float, float] = (0.30, 0.05)
+    """The target intervention rate r_n, linear from the first to the second value over the updates (Sec. 5.3's
+    presets: [0.30, 0.05] and [0.50, 0.30]; a constant 15%: [0.15, 0.15])."""
+    buffer_size: int = 512
+    """Recent uncertainty scores D_n the threshold is the (1 - r_n) quantile of."""
+    min_scores: int = 16
+    """Until the buffer holds this many scores, turns are intervened at random with probability r_n."""
+    sft_weight: float = 1.0
+    """beta: the weight of the SFT loss on intervened turns' teacher responses (0: Sec. 5.3's "w/o SFT")."""
+    teacher_execution: bool = True
+    """Execute the teacher's action in place of the student's (false: Sec. 5.3's SFT target only)."""
+    teacher_gpu_memory_utilization: float = 0.2
+    """GPU only: the teacher engine's share of GPU memory (it lives beside the student's engine)."""
+
+    def __post_init__(self) -> None:
+        _check(all(0.0 <= r <= 1.0 for r in self.rate), "rate", self.rate, "must be two rates in [0, 1]")
+        _check(self.buffer_size >= 1, "buffer_size", self.buffer_size, "must be >= 1")
+        _check(1 <= self.min_scores <= self.buffer_size, "min_scores", self.min_scores,
+               f"must be in [1, buffer_size={self.buffer_size}]")
+        _check(self.sft_weight >= 0.0, "sft_weight", self.sft_weight, "must be >= 0")
+        _check(0.0 < self.teacher_gpu_memory_utilization < 1.0, "teacher_gpu_memory_utilization",
+               self.teacher_gpu_memory_utilization, "must be in (0, 1)")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -507,6 +561,10 @@ class TrainConfig:
     """Use only the first N training tasks (0: all)."""
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    tcod: TCODConfig = dataclasses.field(default_factory=TCODConfig)
+    """``rollout.strategy`` f2b / b2f only."""
+    uopd: UOPDConfig = dataclasses.field(default_factory=UOPDConfig)
+    """``rollout.strategy`` uopd only."""
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
@@ -548,6 +606,13 @@ class TrainConfig:
                "needs overlap: false (a sleeping engine cannot serve rollouts during the update)")
         _check(self.rollout.temperature > 0, "rollout.temperature", self.rollout.temperature,
                "must be > 0 in training (log pi_old needs a sampled policy; greedy is for evaluation)")
+        if self.rollout.strategy == "uopd":
+            _check(self.parallel.teacher == "replicate", "parallel.teacher", self.parallel.teacher,
+                   "must be 'replicate' with rollout.strategy='uopd' (each rank's rollouts score proposals with the "
+                   "teacher on their own, outside any collective)")
+            _check(self.uopd.teacher_gpu_memory_utilization + self.student.gpu_memory_utilization < 1.0,
+                   "uopd.teacher_gpu_memory_utilization", self.uopd.teacher_gpu_memory_utilization,
+                   f"+ student.gpu_memory_utilization={self.student.gpu_memory_utilization} must be < 1")
         if self.rollout.uses_references:
             _check(self.references is not None, "references", self.references,
                    f"rollout.strategy={self.rollout.strategy!r} needs a reference cache")

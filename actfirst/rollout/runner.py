@@ -2,12 +2,17 @@
 
 Per turn t of an episode (Sec. 4, Appendix B.2):
 
-1. the context c_t = q + h_t + o_t is snapshotted and its full response is submitted at once (Sec. 4.3), without
-   the reference; its action is executed only by think-then-act;
-2. the strategy names the action's source: the full response, a fast action (inverse dynamics with the reference
+1. the strategy names the action's source: the full response, a fast action (inverse dynamics with the reference
    next observation o_{t+1}^ref, or NAP), or a replayed reference action;
-3. the environment executes the action; a guided turn is then checked against the reference (B.5);
-4. (o_t, action) joins the stored history h_{t+1}.
+2. the context c_t = q + h_t + o_t is snapshotted and its full response is submitted at once (Sec. 4.3), without
+   the reference (except for a replayed turn of a strategy whose prefix carries no loss: TCOD-B2F); its action is
+   executed only by think-then-act;
+3. with UOPD, the full response is the student's proposal, and the teacher's action may replace it
+   (``actfirst.rollout.intervention``);
+4. the environment executes the action; a guided turn is then checked against the reference (B.5);
+5. (o_t, action) joins the stored history h_{t+1}.
+
+A strategy may end an episode before the benchmark's turn limit (TCOD-F2B's horizon W_n).
 
 A batch ends when every episode and every full response of it has finished (Appendix C.5). An environment worker
 that dies or raises fails its episode with the reason; the batch goes on, and the samples of the contexts already
@@ -38,7 +43,8 @@ from actfirst.envs.workers import EnvError, EnvPool, EnvWorker, WorkerDied
 from actfirst.prompts import Mode, Prompt, PromptTooLong, Step, build_prompt
 from actfirst.rollout.actions import FastAction, generate_fast_action
 from actfirst.rollout.budget import FullResponse, generate_full_response
-from actfirst.rollout.strategies import ActionSource, RolloutStrategy
+from actfirst.rollout.intervention import Intervention, InterventionRecord
+from actfirst.rollout.strategies import ActionSource, Guidance, RolloutStrategy
 from actfirst.train.sample import Sample
 
 
@@ -78,14 +84,21 @@ class EpisodeResult:
     fully_aligned: bool
     """Completed the reference trajectory and terminated without a fallback (Appendix F)."""
     contexts: list[list[int]]
-    """Each visited context's full-response prompt (token ids), in turn order."""
+    """Each sampled context's full-response prompt (token ids), in turn order: every visited context but the
+    replayed ones of a strategy whose prefix carries no loss (TCOD-B2F)."""
     full_responses: list[FullResponse]
     full_response_done: list[float]
-    """perf_counter time at which each turn's full response finished."""
+    """perf_counter time at which each context's full response finished."""
     failure: str | None
     """Why the episode was cut short (a worker died, the environment raised, a prompt the model cannot take)."""
     prompts: PromptCounts = dataclasses.field(default_factory=lambda: PromptCounts())
     """How often B.2 went past its budget (see the module docstring)."""
+    context_turns: list[int] = dataclasses.field(default_factory=list)
+    """The turn of each entry of ``contexts`` (empty: one per turn, in order)."""
+    teacher_responses: list[FullResponse | None] = dataclasses.field(default_factory=list)
+    """UOPD: the teacher's full response at each entry of ``contexts`` where it intervened, else None."""
+    interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
+    """UOPD: the decision at each student turn."""
 
     @property
     def num_turns(self) -> int:
@@ -115,14 +128,40 @@ class RolloutBatch:
         return sum(e.num_turns for e in self.episodes)
 
 
+@dataclasses.dataclass(slots=True)
+class _Episode:
+    """An episode in progress (what :meth:`RolloutRunner.run_episode` builds its result from)."""
+
+    guidance: Guidance
+    reference: Reference | None
+    seed: int
+    threshold: float | None
+    """UOPD's tau_n, held for the episode."""
+    current: Transition | None = None
+    last: Transition | None = None
+    failure: str | None = None
+    history: list[Step] = dataclasses.field(default_factory=list)
+    turns: list[TurnRecord] = dataclasses.field(default_factory=list)
+    contexts: list[list[int]] = dataclasses.field(default_factory=list)
+    context_turns: list[int] = dataclasses.field(default_factory=list)
+    full_tasks: list[asyncio.Future] = dataclasses.field(default_factory=list)
+    teacher_responses: list[FullResponse | None] = dataclasses.field(default_factory=list)
+    interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
+    counts: PromptCounts = dataclasses.field(default_factory=PromptCounts)
+
+
 class RolloutRunner:
     """Runs rollout batches of a benchmark's tasks with one strategy on one engine and one pool of workers."""
 
     def __init__(self, *, engine: ActFirstEngine, tokenizer: PreTrainedTokenizerBase, benchmark: Benchmark,
                  pool: EnvPool, strategy: RolloutStrategy, cfg: RolloutConfig,
-                 references: dict[str, Reference] | None, seed: int = 0) -> None:
+                 references: dict[str, Reference] | None, seed: int = 0,
+                 intervention: Intervention | None = None) -> None:
         if strategy.uses_references and references is None:
             raise ValueError(f"rollout.strategy={strategy.name!r}: needs a reference cache")
+        if strategy.intervenes != (intervention is not None):
+            raise ValueError(f"rollout.strategy={strategy.name!r}: an intervention must be given exactly when the "
+                             "strategy intervenes")
         self.engine = engine
         self.tokenizer = tokenizer
         self.benchmark = benchmark
@@ -131,17 +170,21 @@ class RolloutRunner:
         self.cfg = cfg
         self.references = references
         self.seed = seed
+        self.intervention = intervention
         self.max_model_len = engine.max_model_len
 
     async def run_batch(self, tasks: Sequence[Any], batch_index: int) -> RolloutBatch:
         """Run one episode per task, concurrently (one worker each); returns when all of them, and all their full
-        responses, have finished."""
+        responses, have finished. ``batch_index``: the run's rollout batches so far, this one included (the trainer
+        counts from 1); the curricula's n is ``batch_index - 1`` (0 for a batch outside a run's count)."""
         if len(tasks) > len(self.pool.workers):
             raise ValueError(f"{len(tasks)} tasks: more than the pool's {len(self.pool.workers)} workers")
         start = time.perf_counter()
-        episodes = await asyncio.gather(*(self.run_episode(task, worker, seed=self._seed(batch_index, slot))
+        episodes = await asyncio.gather(*(self.run_episode(task, worker, seed=self._seed(batch_index, slot),
+                                                           batch=max(0, batch_index - 1))
                                           for slot, (task, worker) in enumerate(zip(tasks, self.pool.workers))))
-        samples = [s for e in episodes for s in episode_samples(e, self.strategy.name)]
+        sft_weight = self.intervention.cfg.sft_weight if self.intervention is not None else 0.0
+        samples = [s for e in episodes for s in episode_samples(e, self.strategy.name, sft_weight=sft_weight)]
         return RolloutBatch(list(episodes), samples, time.perf_counter() - start)
 
     def _seed(self, batch_index: int, slot: int) -> int:
@@ -149,60 +192,83 @@ class RolloutRunner:
 
     # -- one episode ----------------------------------------------------------------------------------------------
 
-    async def run_episode(self, task: Any, worker: EnvWorker, seed: int) -> EpisodeResult:
+    async def run_episode(self, task: Any, worker: EnvWorker, seed: int, batch: int = 0) -> EpisodeResult:
+        """One episode of ``task`` on ``worker``; ``batch``: its rollout batch n (0-based), which curricula read."""
         key = self.benchmark.task_key(task)
         reference = self.references.get(key) if self.strategy.uses_references else None
         if self.strategy.uses_references and reference is None:
             raise KeyError(f"task {key!r}: no reference in the cache")
-        guidance = self.strategy.start()
-        guided_episode = guidance.active
-        history: list[Step] = []
-        turns: list[TurnRecord] = []
-        contexts: list[list[int]] = []
-        full_tasks: list[asyncio.Future] = []
-        last: Transition | None = None
-        failure = None
-        counts = PromptCounts()
+        ep = _Episode(guidance=self.strategy.start(batch), reference=reference, seed=seed,
+                      threshold=self.intervention.episode_threshold() if self.intervention is not None else None)
+        guided_episode = ep.guidance.active
         try:
-            current = await worker.areset(task)
-            last = current
-            for t in range(self.benchmark.max_turns):
-                context = self._prompt(Mode.FULL_RESPONSE, current, history, counts).token_ids
-                full = asyncio.ensure_future(self.full_response(context, seed + 2 * t))
-                contexts.append(context)
-                full_tasks.append(full)
-                guided = guidance.active
-                source = self.strategy.source(guidance, t, len(reference.actions) if reference else 0)
-                action, proposal, source, fast = await self._action(source, full, current, history, reference, t,
-                                                                    seed + 2 * t + 1, counts)
-                step_started = time.perf_counter()
-                nxt = await worker.astep(action)
-                check, go_on = None, True
-                if guided:  # B.5: every guided transition is checked, whatever produced its action
-                    result = self.benchmark.check(reference, t, action=action, current=current, next=nxt,
-                                                  previous=guidance.previous)
-                    check = "passed" if result.passed else result.reason
-                    go_on = self.strategy.after_check(guidance, t, result)
-                turns.append(TurnRecord(t, source, action, proposal, fast, nxt.valid, check, step_started))
-                history.append(Step(current.observation, action))
-                current = last = nxt
-                if nxt.finished or not go_on:
+            ep.current = ep.last = await worker.areset(task)
+            for t in range(self.strategy.horizon(ep.guidance, self.benchmark.max_turns)):
+                if not await self._turn(ep, worker, t):
                     break
         except (WorkerDied, EnvError, PromptTooLong) as exc:
-            failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"
+            ep.failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"
         except BaseException:  # anything else ends the run: leave no request of this episode behind
-            for full in full_tasks:
+            for full in ep.full_tasks:
                 full.cancel()
             raise
-        fulls = list(await asyncio.gather(*full_tasks))
+        fulls = list(await asyncio.gather(*ep.full_tasks))
+        last, guidance = ep.last, ep.guidance
         done = bool(last and last.done)
         return EpisodeResult(
-            task=key, task_type=self.benchmark.task_type(task), turns=turns, score=last.score if last else 0.0,
+            task=key, task_type=self.benchmark.task_type(task), turns=ep.turns, score=last.score if last else 0.0,
             won=bool(last and self.benchmark.succeeded(last)), done=done, guided=guided_episode,
             fallback_turn=guidance.fallback_turn, aligned_turns=guidance.aligned_turns,
-            fully_aligned=guided_episode and guidance.active and done and failure is None, contexts=contexts,
-            full_responses=[f for f, _ in fulls], full_response_done=[d for _, d in fulls], failure=failure,
-            prompts=counts)
+            fully_aligned=guided_episode and guidance.active and done and ep.failure is None, contexts=ep.contexts,
+            full_responses=[f for f, _ in fulls], full_response_done=[d for _, d in fulls], failure=ep.failure,
+            prompts=ep.counts, context_turns=ep.context_turns, teacher_responses=ep.teacher_responses,
+            interventions=ep.interventions)
+
+    async def _turn(self, ep: _Episode, worker: EnvWorker, t: int) -> bool:
+        """Turn ``t``: choose, execute and check its action; returns whether the episode goes on."""
+        current, reference, guidance = ep.current, ep.reference, ep.guidance
+        guided = guidance.active
+        source = self.strategy.source(guidance, t, len(reference.actions) if reference else 0)
+        full = None
+        if source is not ActionSource.REFERENCE or self.strategy.samples_replayed:
+            context = self._prompt(Mode.FULL_RESPONSE, current, ep.history, ep.counts).token_ids
+            full = asyncio.ensure_future(self.full_response(context, ep.seed + 2 * t))
+            ep.contexts.append(context)
+            ep.context_turns.append(t)
+            ep.full_tasks.append(full)
+            ep.teacher_responses.append(None)
+        action, proposal, source, fast = await self._action(source, full, current, ep.history, reference, t,
+                                                            ep.seed + 2 * t + 1, ep.counts)
+        if self.intervention is not None and source is ActionSource.FULL_RESPONSE:
+            action, source = await self._intervene(ep, action, ep.seed + 2 * t + 1)
+        step_started = time.perf_counter()
+        nxt = await worker.astep(action)
+        check, go_on = None, True
+        if guided:  # B.5: every guided transition is checked, whatever produced its action
+            result = self.benchmark.check(reference, t, action=action, current=current, next=nxt,
+                                          previous=guidance.previous)
+            check = "passed" if result.passed else result.reason
+            go_on = self.strategy.after_check(guidance, t, result)
+        ep.turns.append(TurnRecord(t, source, action, proposal, fast, nxt.valid, check, step_started))
+        ep.history.append(Step(current.observation, action))
+        ep.current = ep.last = nxt
+        return not nxt.finished and go_on
+
+    async def _intervene(self, ep: _Episode, action: str, seed: int) -> tuple[str, ActionSource]:
+        """UOPD at a student turn whose proposal (the last context's full response) is ``action``: the action to
+        execute and its source."""
+        proposal, _ = await ep.full_tasks[-1]
+        record = await self.intervention.decide(ep.contexts[-1], proposal, ep.threshold)
+        ep.interventions.append(record)
+        if not record.intervened:
+            return action, ActionSource.FULL_RESPONSE
+        t0 = time.perf_counter()
+        teacher = await self.intervention.teacher_response(ep.contexts[-1], seed)
+        record.teacher_s = time.perf_counter() - t0
+        ep.teacher_responses[-1] = teacher
+        if self.intervention.cfg.teacher_execution:
+            return teacher.action, ActionSource.TEACHER
+        return action, ActionSource.FULL_RESPONSE
 
     def _prompt(self, mode: Mode, current: Transition, history: list[Step], counts: PromptCounts,
                 reference_next: str | None = None) -> Prompt:
@@ -226,7 +292,7 @@ class RolloutRunner:
         return await generate_fast_action(self.engine, prompt.token_ids, max_tokens=self.cfg.budget.fast_action_tokens,
                                           temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed)
 
-    async def _action(self, source: ActionSource, full: asyncio.Future, current: Transition, history: list[Step],
+    async def _action(self, source: ActionSource, full: asyncio.Future | None, current: Transition, history: list[Step],
                       reference: Reference | None, t: int, seed: int, counts: PromptCounts
                       ) -> tuple[str, str | None, ActionSource, FastAction | None]:
         """(executed action, replaced invalid proposal or None, its source, the fast action executed or None)."""
@@ -255,7 +321,19 @@ class RolloutRunner:
         return retry.action, fast.action, ActionSource.NAP_RETRY, retry
 
 
-def episode_samples(episode: EpisodeResult, strategy: str) -> list[Sample]:
-    """The episode's turn-level samples: one per visited context, its full response (B.4)."""
-    return [r.to_sample(c, task=episode.task, turn=t, strategy=strategy)
-            for t, (c, r) in enumerate(zip(episode.contexts, episode.full_responses))]
+def episode_samples(episode: EpisodeResult, strategy: str, *, sft_weight: float = 0.0) -> list[Sample]:
+    """The episode's turn-level samples (B.4): one per sampled context, its full response; with UOPD, a proposal
+    that the teacher's action replaced carries no loss, and an intervened turn's teacher response is an SFT target
+    of weight ``sft_weight`` (none when it is 0)."""
+    turns = episode.context_turns or list(range(len(episode.contexts)))
+    teachers = episode.teacher_responses or [None] * len(episode.contexts)
+    replaced = {r.turn for r in episode.turns if r.source is ActionSource.TEACHER}
+    samples = []
+    for t, context, response, teacher in zip(turns, episode.contexts, episode.full_responses, teachers):
+        if t not in replaced:
+            samples.append(response.to_sample(context, task=episode.task, turn=t, strategy=strategy))
+        if teacher is not None and sft_weight > 0:
+            target = teacher.to_sample(context, task=episode.task, turn=t, strategy=strategy)
+            target.weight_version, target.sft_weight = response.weight_version, sft_weight
+            samples.append(target)
+    return samples

@@ -15,6 +15,17 @@ executes:
 - ``ref_prefix_50`` / ``ref_prefix_100`` (Reference-Prefix Replay): the first 50% or all of the reference actions
   are executed as they are, then NAP. 50% of an odd count is rounded up (our choice; the paper does not say), so a
   one-action reference is replayed.
+
+The UOPD paper's methods (003, Sec. 4.2 and Appendix D.3) are think-then-act; n is the episode's rollout batch
+(0-based, counted over the run and across ``--resume``):
+
+- ``f2b`` (TCOD-F2B): the student plays only the first W_n = min(1 + floor(n / eta), T_max) turns, then the
+  episode ends.
+- ``b2f`` (TCOD-B2F): the first P_n = clamp(L - 1 - floor(n / eta), 0, L - 1) reference actions (L: the
+  reference's length) are replayed; those contexts get no full response and produce no sample ("the prefix carries
+  no loss"); then the student plays.
+- ``uopd``: the student's full response is its proposal; ``actfirst.rollout.intervention`` decides whether the
+  teacher's action is executed in its place.
 """
 
 from __future__ import annotations
@@ -24,6 +35,7 @@ import dataclasses
 import enum
 import math
 
+from actfirst.config import TCODConfig
 from actfirst.envs.checks import CheckResult
 
 
@@ -39,7 +51,9 @@ class ActionSource(enum.Enum):
     NAP_RETRY = "nap_retry"
     """The NAP request that replaced an invalid inverse-dynamics proposal (B.5)."""
     REFERENCE = "reference"
-    """A reference action replayed as it is (Reference-Prefix Replay)."""
+    """A reference action replayed as it is (Reference-Prefix Replay, TCOD-B2F's prefix)."""
+    TEACHER = "teacher"
+    """The teacher's full response's action, executed in place of the student's proposal (UOPD)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -47,6 +61,8 @@ class Guidance:
     """An episode's reference guidance: whether it still holds, and what its checks said."""
 
     active: bool
+    batch: int = 0
+    """The episode's rollout batch n (0-based), which the curricula read."""
     fallback_turn: int | None = None
     """Turn (0-based) whose check failed first; NAP from the next turn on."""
     previous: CheckResult | None = None
@@ -61,10 +77,18 @@ class RolloutStrategy(abc.ABC):
     think_then_act: bool = False
     """Execute the full response's action (the turn waits for it)."""
     uses_references: bool = False
+    samples_replayed: bool = True
+    """Whether a replayed reference action's context gets a full response (a training sample)."""
+    intervenes: bool = False
+    """Whether the teacher may act in the student's place (UOPD)."""
 
-    def start(self) -> Guidance:
-        """The guidance an episode starts with."""
-        return Guidance(active=self.uses_references)
+    def start(self, batch: int = 0) -> Guidance:
+        """The guidance an episode of rollout batch ``batch`` starts with."""
+        return Guidance(active=self.uses_references, batch=batch)
+
+    def horizon(self, guidance: Guidance, max_turns: int) -> int:
+        """How many turns the episode may take (the benchmark's limit ``max_turns`` unless a curriculum cuts it)."""
+        return max_turns
 
     @abc.abstractmethod
     def source(self, guidance: Guidance, turn: int, reference_length: int) -> ActionSource:
@@ -124,8 +148,8 @@ class ReferencePrefixReplay(RolloutStrategy):
         self.name = name
         self.fraction = fraction
 
-    def start(self) -> Guidance:
-        return Guidance(active=False)  # reference actions are executed, not checked
+    def start(self, batch: int = 0) -> Guidance:
+        return Guidance(active=False, batch=batch)  # reference actions are executed, not checked
 
     def prefix_length(self, reference_length: int) -> int:
         return math.ceil(self.fraction * reference_length)
@@ -134,8 +158,61 @@ class ReferencePrefixReplay(RolloutStrategy):
         return ActionSource.REFERENCE if turn < self.prefix_length(reference_length) else ActionSource.NEXT_ACTION
 
 
-def make_strategy(name: str) -> RolloutStrategy:
-    """The strategy ``rollout.strategy`` names."""
+def curriculum_stage(batch: int, eta: int) -> int:
+    """floor(n / eta): the curriculum stage of rollout batch n (003, Appendix D.3)."""
+    return batch // eta
+
+
+class ForwardToBackward(ThinkThenAct):
+    """TCOD-F2B: W_n = min(1 + floor(n / eta), T_max) student turns, then the episode ends."""
+
+    name = "f2b"
+
+    def __init__(self, eta: int, max_turns: int = 0) -> None:
+        self.eta, self.max_turns = eta, max_turns
+
+    def horizon(self, guidance: Guidance, max_turns: int) -> int:
+        t_max = self.max_turns or max_turns
+        return min(1 + curriculum_stage(guidance.batch, self.eta), t_max, max_turns)
+
+
+class BackwardToForward(ThinkThenAct):
+    """TCOD-B2F: P_n = clamp(L - 1 - floor(n / eta), 0, L - 1) replayed reference actions without samples, then
+    the student plays."""
+
+    name = "b2f"
+    uses_references = True
+    samples_replayed = False
+
+    def __init__(self, eta: int) -> None:
+        self.eta = eta
+
+    def start(self, batch: int = 0) -> Guidance:
+        return Guidance(active=False, batch=batch)  # reference actions are executed, not checked
+
+    def prefix_length(self, reference_length: int, batch: int) -> int:
+        length = reference_length - 1 - curriculum_stage(batch, self.eta)
+        return min(max(length, 0), max(reference_length - 1, 0))
+
+    def source(self, guidance: Guidance, turn: int, reference_length: int) -> ActionSource:
+        replayed = turn < self.prefix_length(reference_length, guidance.batch)
+        return ActionSource.REFERENCE if replayed else ActionSource.FULL_RESPONSE
+
+
+class UncertaintyIntervention(ThinkThenAct):
+    """UOPD: think-then-act, and the teacher may replace the student's proposal (``actfirst.rollout.intervention``)."""
+
+    name = "uopd"
+    intervenes = True
+
+
+TCOD_ETA = {"f2b": 6, "b2f": 5}
+"""The paper's eta on ALFWorld (003, Appendix D.3)."""
+
+
+def make_strategy(name: str, tcod: TCODConfig | None = None) -> RolloutStrategy:
+    """The strategy ``rollout.strategy`` names (``tcod``: the curricula's section; default values without it)."""
+    tcod = tcod or TCODConfig()
     strategies = {
         "vanilla": ThinkThenAct,
         "actfirst": lambda: ActFirst("actfirst", nap_fallback=True),
@@ -143,6 +220,9 @@ def make_strategy(name: str) -> RolloutStrategy:
         "no_nap": lambda: ActFirst("no_nap", nap_fallback=False),
         "ref_prefix_50": lambda: ReferencePrefixReplay("ref_prefix_50", 0.5),
         "ref_prefix_100": lambda: ReferencePrefixReplay("ref_prefix_100", 1.0),
+        "f2b": lambda: ForwardToBackward(tcod.eta or TCOD_ETA["f2b"], tcod.max_turns),
+        "b2f": lambda: BackwardToForward(tcod.eta or TCOD_ETA["b2f"]),
+        "uopd": UncertaintyIntervention,
     }
     if name not in strategies:
         raise ValueError(f"rollout.strategy={name!r}: not one of {sorted(strategies)}")

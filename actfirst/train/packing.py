@@ -45,6 +45,9 @@ class MicroBatch:
     """[N] float32: log pi_teacher, when the samples were scored."""
     sample_idx: torch.Tensor
     """[N] int64: each token's sample index in the list given to :func:`pack`."""
+    sft_weight: torch.Tensor
+    """[N] float32: an SFT target's sampled tokens carry its ``sft_weight`` / its number of sampled tokens (and
+    ``mask`` 0: no PPO term); 0 elsewhere."""
     samples: list[int]
     """Indices (in the list given to :func:`pack`) of the samples in this row, in row order."""
 
@@ -111,9 +114,14 @@ def pack(samples: list[Sample], max_tokens: int) -> list[MicroBatch]:
             raise RuntimeError("packing misaligned: input_ids[positions + 1] != the samples' response tokens")
         teacher = (torch.tensor([x for i in row for x in samples[i].teacher_logprobs], dtype=torch.float32)
                    if all(scored) else None)
+        sft = [samples[i].sft_weight > 0 for i in row]
         out.append(MicroBatch(
             input_ids=input_ids, position_ids=torch.tensor(pos_ids, dtype=torch.long), positions=pos, targets=targets,
-            mask=torch.tensor([m for i in row for m in samples[i].loss_mask], dtype=torch.float32),
+            mask=torch.tensor([0 if is_sft else m for i, is_sft in zip(row, sft) for m in samples[i].loss_mask],
+                              dtype=torch.float32),
+            sft_weight=torch.tensor([m * samples[i].sft_weight / max(1, samples[i].num_supervised) if is_sft else 0.0
+                                     for i, is_sft in zip(row, sft) for m in samples[i].loss_mask],
+                                    dtype=torch.float32),
             logp_old=torch.tensor([x for i in row for x in samples[i].logprobs], dtype=torch.float32),
             logp_teacher=teacher, sample_idx=torch.tensor(sample_idx, dtype=torch.long), samples=row))
     return out
@@ -125,7 +133,8 @@ def empty_micro_batch() -> MicroBatch:
     zero = torch.zeros(1, dtype=torch.float32)
     return MicroBatch(input_ids=torch.zeros(2, dtype=torch.long), position_ids=torch.arange(2), positions=
                       torch.zeros(1, dtype=torch.long), targets=torch.zeros(1, dtype=torch.long), mask=zero,
-                      logp_old=zero, logp_teacher=zero, sample_idx=torch.zeros(1, dtype=torch.long), samples=[])
+                      logp_old=zero, logp_teacher=zero, sample_idx=torch.zeros(1, dtype=torch.long), sft_weight=zero,
+                      samples=[])
 
 
 def pad_across_ranks(micro_batches: list[MicroBatch]) -> list[MicroBatch]:

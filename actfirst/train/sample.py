@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass(slots=True)
@@ -27,6 +28,10 @@ class Sample:
     strategy: str
     teacher_logprobs: list[float] | None = None
     """log pi_teacher of each response token, filled by the teacher scorer."""
+    sft_weight: float = 0.0
+    """0: an OPD sample (the student's own response, Eq. 29-32). > 0: an SFT target (UOPD's teacher response at an
+    intervened turn, 003 Sec. 4.2) whose sampled tokens' negative log-likelihood enters the loss with this weight
+    (beta), token-mean per sample like Eq. 32; its ``logprobs`` are the teacher's and go unused."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -35,6 +40,8 @@ class Sample:
                              f"({len(self.logprobs)}) must have one entry per response token")
         if not self.context_ids:
             raise ValueError("context_ids=[]: a sample needs its context")
+        if not (self.sft_weight >= 0 and math.isfinite(self.sft_weight)):
+            raise ValueError(f"sft_weight={self.sft_weight!r}: must be a finite number >= 0")
 
     @property
     def num_tokens(self) -> int:

@@ -72,7 +72,8 @@ from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
 from actfirst.references import load_references
 from actfirst.rollout.runner import RolloutBatch, RolloutRunner
-from actfirst.rollout.strategies import make_strategy
+from actfirst.rollout.intervention import Intervention, InterventionRecord, intervention_metrics
+from actfirst.rollout.strategies import Guidance, make_strategy
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics
 from actfirst.train.head import LMHeadModel
@@ -174,6 +175,8 @@ class UpdateStats:
     wall_s: float = 0.0
     records: list[RequestRecord] = dataclasses.field(default_factory=list)
     """The engine's requests (queue statistics)."""
+    interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
+    """UOPD's decisions at the student turns of this update's rollout batches."""
 
     def close(self, engine: ActFirstEngine, buffer: SampleBuffer, wall_s: float) -> None:
         """Take the counters' ends and the request records (the engine's list starts afresh)."""
@@ -197,7 +200,7 @@ class Trainer:
         check_layout(cfg, ctx.world_size)
         self.checkpoint = self._resume_point()
         self.benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
-        self.strategy = make_strategy(cfg.rollout.strategy)
+        self.strategy = make_strategy(cfg.rollout.strategy, cfg.tcod)
         self.tasks = cfg.training_tasks(self.benchmark)[ctx.rank::ctx.world_size]
         self.references = self._references()
         self.model_dir = str(self.checkpoint) if self.checkpoint is not None else cfg.student.model
@@ -213,6 +216,8 @@ class Trainer:
         self.total_transitions, self.batch_index, self.first_update, self.elapsed_before = 0, 0, 1, 0.0
         self.pending: asyncio.Future | None = None
         self.engine: ActFirstEngine | None = None
+        self.intervention: Intervention | None = None
+        """UOPD's rule, with the teacher's own engine (``_build_intervention``)."""
         self.sink: MetricsSink | None = None
 
     # -- setup ----------------------------------------------------------------------------------------------------
@@ -253,6 +258,18 @@ class Trainer:
                                       num_updates=cfg.num_updates, num_minibatches=cfg.num_minibatches,
                                       micro_batch_tokens=cfg.micro_batch_tokens)
 
+    def _build_intervention(self) -> None:
+        """UOPD: the teacher's in-process engine beside the student's, and the rule that calls it."""
+        if not self.strategy.intervenes:
+            return
+        cfg = self.cfg
+        engine_cfg = dataclasses.replace(cfg.student, model=cfg.teacher, sleep_level=0,
+                                         gpu_memory_utilization=cfg.uopd.teacher_gpu_memory_utilization)
+        teacher_engine = ActFirstEngine.from_config(engine_cfg, cfg.scheduler, world_size=self.ctx.world_size)
+        self.intervention = Intervention(cfg.uopd, rollout=cfg.rollout, teacher_engine=teacher_engine,
+                                         scorer=self.teacher, tokenizer=self.tokenizer, num_updates=cfg.num_updates,
+                                         seed=cfg.seed * 7919 + 13 * self.ctx.rank + 1)
+
     def _restore(self) -> None:
         """Continue from ``self.checkpoint``: optimizer (resharded), schedule, counters, and this rank's state."""
         trainer_state, rank_states = load_training_checkpoint(self.checkpoint, ctx=self.ctx, policy=self.policy,
@@ -270,6 +287,8 @@ class Trainer:
             self.stream.load_state_dict(state["tasks"], self.benchmark.task_key)
             self.probe_contexts, self.batch_index = state["probe_contexts"], state["batch_index"]
             self.recent.extend(state["recent"])
+            if self.intervention is not None:
+                self.intervention.load_state_dict(state["intervention"])
             restore_rng(state)
         else:
             self._redeal(rank_states, trainer_state["update"])
@@ -288,6 +307,9 @@ class Trainer:
         contexts = [c for state in rank_states for c in state["probe_contexts"]]
         self.probe_contexts = contexts[rank::world]
         self.batch_index = max(state["batch_index"] for state in rank_states)
+        if self.intervention is not None:  # the score buffers pooled, dealt like the samples
+            scores = [x for state in rank_states for x in state["intervention"]["scores"]]
+            self.intervention.scores.extend(scores[rank::world])
         seed = (self.cfg.seed * 1_000_003 + rank * 7_919 + update) % (1 << 31)
         self.stream = TaskStream(self.tasks, seed)
         random.seed(seed)
@@ -320,6 +342,7 @@ class Trainer:
         hf_logging.disable_progress_bar()  # the console is the updates' progress bar and lines
         self.engine = self._build_engine()
         self._build_models()
+        self._build_intervention()
         if self.checkpoint is not None:
             self._restore()
         self._open_outputs()
@@ -334,7 +357,8 @@ class Trainer:
                 self.pool = pool
                 self.runner = RolloutRunner(engine=self.engine, tokenizer=self.tokenizer, benchmark=self.benchmark,
                                             pool=pool, strategy=self.strategy, cfg=self.cfg.rollout,
-                                            references=self.references, seed=self.cfg.seed * 7919 + self.ctx.rank)
+                                            references=self.references, seed=self.cfg.seed * 7919 + self.ctx.rank,
+                                            intervention=self.intervention)
                 await self.evaluate(self.first_update - 1, on_start=True)
                 for update in range(self.first_update, self.cfg.num_updates + 1):
                     await self.step(update)
@@ -347,6 +371,8 @@ class Trainer:
             bar.close()
             if self.sink is not None:
                 self.sink.close()
+            if self.intervention is not None:
+                await self.intervention.teacher_engine.shutdown()
             await self.engine.shutdown()
         wall, probe = self.elapsed(), self.probe_before + self.probe_s
         evals = read_records(self.out_dir / "evals.jsonl") if self.ctx.lead else []
@@ -364,6 +390,8 @@ class Trainer:
         clock = time.perf_counter()
         stats = UpdateStats(generated=-self.engine.num_generated_tokens, discarded=-self.engine.num_discarded_tokens,
                             dropped=-self.buffer.num_dropped)
+        if self.intervention is not None:
+            self.intervention.update = update - 1  # r_n of the rollout batches collected for this update
         samples = await self.collect_rollouts(stats)
         metrics = await self.score_and_update(samples)
         version = await self.sync_weights(metrics, stats)
@@ -403,6 +431,7 @@ class Trainer:
         stats.transitions += batch.num_transitions
         stats.batches += 1
         stats.failures += [f"{e.task}: {e.failure}" for e in batch.episodes if e.failure]
+        stats.interventions += [r for e in batch.episodes for r in e.interventions]
         want = share(self.cfg.probe_contexts, self.ctx.rank, self.ctx.world_size)
         if not self.probe_contexts and want:  # spread over the first batch's episodes and turns
             step = max(1, len(batch.samples) // want)
@@ -496,7 +525,8 @@ class Trainer:
         transitions, batches, generated, discarded, buffered, dropped = (int(x) for x in sums[:6])
         slowest = reduce_max([stats.rollout_s, stats.wall_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
-                                       "failures": stats.failures, "records": stats.records})
+                                       "failures": stats.failures, "records": stats.records,
+                                       "interventions": stats.interventions})
         self.total_transitions += transitions
         if not self.ctx.lead:
             return
@@ -513,7 +543,12 @@ class Trainer:
             "discarded_frac": discarded / generated if generated else 0.0,
             "buffer/size": buffered, "buffer/dropped": dropped, "world_size": self.ctx.world_size,
             "queue": summarize_records([r for p in per_rank for r in p["records"]]),
+            "rollout/horizon": self.strategy.horizon(Guidance(active=False, batch=self.batch_index - 1),
+                                                     self.benchmark.max_turns),
+            "rollout/batch_n": self.batch_index - 1,
         }
+        if self.intervention is not None:
+            record.update(intervention_metrics([r for p in per_rank for r in p["interventions"]]))
         if self.ctx.world_size > 1:
             record["ranks"] = {"rollout_s": [p["rollout_s"] for p in per_rank],
                                "transitions": [p["transitions"] for p in per_rank]}
@@ -537,6 +572,8 @@ class Trainer:
             "buffer": self.buffer.state_dict(), "tasks": self.stream.state_dict(self.benchmark.task_key),
             "probe_contexts": self.probe_contexts, "batch_index": self.batch_index, "recent": list(self.recent),
             "rng": rng_state()}
+        if self.intervention is not None:
+            rank_state["intervention"] = self.intervention.state_dict()
         save_training_checkpoint(self.out_dir, update=update, keep=cfg.keep_checkpoints, ctx=self.ctx,
                                  policy=self.policy, optimizer=self.updater.optimizer, tokenizer=self.tokenizer,
                                  trainer_state=trainer_state, rank_state=rank_state)

@@ -8,7 +8,8 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import ALFWorldConfig, RolloutConfig, SchedulerConfig, ScienceWorldConfig, ThinkingBudgetConfig
+from actfirst.config import (ALFWorldConfig, RolloutConfig, SchedulerConfig, ScienceWorldConfig, TCODConfig,
+                             ThinkingBudgetConfig, UOPDConfig)
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld_tasks import ScienceWorldTask
@@ -59,22 +60,23 @@ def scienceworld():
                                                                           if not a.startswith("open door")])
 
 
-def run(engine, tiny_model_dir, setup, strategy, budget=BUDGET, play=None, max_prompt_tokens=2000):
+def run(engine, tiny_model_dir, setup, strategy, budget=BUDGET, play=None, max_prompt_tokens=2000, batch_index=0,
+        tcod=None, intervention=None):
     """One rollout batch of ``setup``'s tasks; ``play(pool, runner_kwargs)``, when given, runs it instead."""
     benchmark, tasks, refs = setup
     engine.reconfigure(SchedulerConfig(b_max=8))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     cfg = RolloutConfig(strategy=strategy, batch_tasks=len(tasks), max_prompt_tokens=max_prompt_tokens,
                         budget=budget)
-    strat = make_strategy(strategy)
+    strat = make_strategy(strategy, tcod)
 
     async def go():
         with EnvPool(benchmark.env_spec(), size=len(tasks)) as pool:
             kwargs = dict(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=pool, strategy=strat, cfg=cfg,
-                          references=refs if strat.uses_references else None, seed=3)
+                          references=refs if strat.uses_references else None, seed=3, intervention=intervention)
             if play is not None:
                 return await play(pool, kwargs)
-            return await RolloutRunner(**kwargs).run_batch(tasks, batch_index=0)
+            return await RolloutRunner(**kwargs).run_batch(tasks, batch_index=batch_index)
 
     return asyncio.run(go()), refs
 
@@ -336,3 +338,115 @@ def test_an_inverse_dynamics_prompt_the_model_cannot_take_falls_back_to_nap(engi
     assert episode.turns[0].source == ActionSource.NEXT_ACTION and episode.turns[0].check != "passed"
     assert episode.fallback_turn == 0
     assert rollout_rates(rollout_counts(batch.episodes))["prompt/id_overflow_naps"] == 1
+
+
+# -- the UOPD paper's methods (003 Appendix D.3, Sec. 4.2) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,horizon", [(0, 1), (13, 3)])
+def test_f2b_plays_w_n_student_turns_then_ends(engine, tiny_model_dir, alfworld, n, horizon):
+    """W_n = min(1 + floor(n / eta), T_max), eta 6: think-then-act turns, one sample each."""
+    batch, _ = run(engine, tiny_model_dir, alfworld, "f2b", batch_index=n + 1, tcod=TCODConfig(eta=6))
+    for episode in batch.episodes:
+        assert episode.num_turns == horizon or (episode.done and episode.num_turns < horizon)
+        assert all(r.source is ActionSource.FULL_RESPONSE for r in episode.turns)
+        assert [s.turn for s in episode_samples(episode, "f2b")] == list(range(episode.num_turns))
+
+
+@pytest.mark.parametrize("n", [0, 12])
+def test_b2f_replays_p_n_reference_actions_without_samples(engine, tiny_model_dir, alfworld, n):
+    """P_n = clamp(L - 1 - floor(n / eta), 0, L - 1), eta 5: the replayed turns get no full response and no
+    sample; the student plays think-then-act from there."""
+    batch, refs = run(engine, tiny_model_dir, alfworld, "b2f", batch_index=n + 1, tcod=TCODConfig(eta=5))
+    for episode in batch.episodes:
+        ref = refs[episode.task]
+        prefix = min(max(len(ref.actions) - 1 - n // 5, 0), len(ref.actions) - 1)
+        replayed = min(prefix, episode.num_turns)
+        assert [r.action for r in episode.turns[:replayed]] == ref.actions[:replayed]
+        assert all(r.source is ActionSource.REFERENCE for r in episode.turns[:replayed])
+        assert all(r.source is ActionSource.FULL_RESPONSE for r in episode.turns[replayed:])
+        assert episode.context_turns == list(range(replayed, episode.num_turns))
+        assert [s.turn for s in episode_samples(episode, "b2f")] == episode.context_turns
+        assert len(episode.full_responses) == episode.num_turns - replayed
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny_model_dir):
+    """The teacher's own engine beside the student's (UOPD's generation path) and its scorer; the tiny model
+    plays both parts."""
+    from actfirst.config import EngineConfig
+    from actfirst.engine.core import ActFirstEngine
+    from actfirst.train.teacher import TeacherScorer
+
+    engine_cfg = EngineConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=2048, max_num_seqs=16,
+                              max_num_batched_tokens=4096, kv_cache_gib=1)
+    return (ActFirstEngine.from_config(engine_cfg, SchedulerConfig(b_max=8)),
+            TeacherScorer.load(tiny_model_dir, student_tokenizer=tiny_model_dir))
+
+
+def intervention(teacher, tiny_model_dir, **uopd):
+    from actfirst.rollout.intervention import Intervention
+
+    teacher_engine, scorer = teacher
+    return Intervention(UOPDConfig(**uopd), rollout=RolloutConfig(strategy="uopd", budget=BUDGET),
+                        teacher_engine=teacher_engine, scorer=scorer,
+                        tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir), num_updates=10, seed=5)
+
+
+def test_uopd_holds_the_threshold_and_executes_the_teacher_exactly_above_it(engine, tiny_model_dir, alfworld,
+                                                                            teacher):
+    rule = intervention(teacher, tiny_model_dir, rate=(0.5, 0.5), buffer_size=256, min_scores=200)
+    warm, _ = run(engine, tiny_model_dir, alfworld, "uopd", intervention=rule)
+    warm_records = [r for e in warm.episodes for r in e.interventions]
+    # Too few scores for a quantile: random at r_n, every score kept.
+    assert warm_records and all(r.threshold is None and r.score is not None for r in warm_records)
+    assert len(rule.scores) == len(warm_records) == warm.num_transitions
+    scores = sorted(rule.scores)
+    pos = 0.5 * (len(scores) - 1)  # the 0.5 quantile, interpolated by hand
+    tau = scores[int(pos)] + (pos - int(pos)) * (scores[min(int(pos) + 1, len(scores) - 1)] - scores[int(pos)])
+    rule.cfg.min_scores = 1
+    batch, _ = run(engine, tiny_model_dir, alfworld, "uopd", intervention=rule)
+    records = [r for e in batch.episodes for r in e.interventions]
+    assert len(rule.scores) == len(warm_records) + len(records)  # the buffer grew during the batch...
+    assert all(r.threshold == pytest.approx(tau, abs=1e-12) for r in records)  # ...the episodes' tau did not
+    assert {r.intervened for r in records} == {True, False}
+    for episode in batch.episodes:
+        samples = episode_samples(episode, "uopd", sft_weight=1.0)
+        for turn, record in zip(episode.turns, episode.interventions):
+            assert record.intervened == (record.score > tau)
+            assert (turn.source is ActionSource.TEACHER) == record.intervened
+            teacher_response = episode.teacher_responses[turn.turn]
+            if record.intervened:
+                assert turn.action == teacher_response.action and record.teacher_s > 0
+                (target,) = [s for s in samples if s.turn == turn.turn]  # no OPD sample of the replaced proposal
+                assert target.sft_weight == 1.0 and target.response_ids == teacher_response.token_ids
+            else:
+                assert teacher_response is None
+                (opd,) = [s for s in samples if s.turn == turn.turn]
+                assert opd.sft_weight == 0 and opd.response_ids == episode.full_responses[turn.turn].token_ids
+
+
+@pytest.mark.parametrize("ablation,uopd", [
+    ("random", dict(selection="random", rate=(1.0, 1.0))),
+    ("no_sft", dict(selection="random", rate=(1.0, 1.0), sft_weight=0.0)),
+    ("no_execution", dict(selection="random", rate=(1.0, 1.0), teacher_execution=False)),
+    ("never", dict(selection="random", rate=(0.0, 0.0))),
+])
+def test_uopd_ablations(engine, tiny_model_dir, alfworld, teacher, ablation, uopd):
+    """Sec. 5.3: random intervention (no score), w/o SFT (beta 0: no SFT term), SFT target only (the student's
+    action executed, its response an OPD sample beside the teacher's SFT target)."""
+    rule = intervention(teacher, tiny_model_dir, **uopd)
+    batch, _ = run(engine, tiny_model_dir, alfworld, "uopd", intervention=rule)
+    for episode in batch.episodes:
+        records = episode.interventions
+        assert len(records) == episode.num_turns and all(r.score is None for r in records)
+        assert all(r.intervened == (ablation != "never") for r in records)
+        kinds = sorted((s.turn, s.sft_weight) for s in episode_samples(episode, "uopd", sft_weight=rule.cfg.sft_weight))
+        turns = range(episode.num_turns)
+        expected = {"random": [(t, 1.0) for t in turns], "no_sft": [],
+                    "no_execution": sorted([(t, 0.0) for t in turns] + [(t, 1.0) for t in turns]),
+                    "never": [(t, 0.0) for t in turns]}[ablation]
+        assert kinds == expected
+        executed_by_teacher = [r.source is ActionSource.TEACHER for r in episode.turns]
+        assert all(executed_by_teacher) == (ablation in ("random", "no_sft"))
+        assert not any(executed_by_teacher) or ablation in ("random", "no_sft")

@@ -245,3 +245,29 @@ def test_mismatch_counts_only_the_current_version(model, gen):
         s.weight_version = 2
     m = updater(model).update(samples, current_version=3)
     assert math.isnan(m["mismatch_mean"]) and math.isnan(m["mismatch_max"])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sft_targets_add_their_weighted_nll_against_float64(model, gen, temperature):
+    """UOPD (003 Sec. 4.2): an SFT target adds beta / |B| * its token-mean NLL at temperature 1 and no PPO term;
+    |B| counts both kinds. The OPD samples' part is Eq. 29-32 as before."""
+    opd = designed(model, gen, BRANCHES[:2], temperature)
+    beta = 1.5
+    sft = designed(model, gen, [(6, [(0.4, 3.0, 1), (0.2, -2.0, 1), (0.0, 5.0, 0), (-0.3, 1.0, 1)])], temperature)[0]
+    sft.sft_weight = beta
+    samples = [opd[0], sft, opd[1]]
+    up = updater(model, temperature, micro_batch_tokens=20)
+    model.zero_grad(set_to_none=True)
+    stats = up.accumulate_gradients(samples, current_version=0)
+    model64 = copy.deepcopy(model).double()
+    m = torch.tensor(sft.loss_mask, dtype=torch.float64)
+    nll = -(logprobs64(model64, sft, 1.0) * m).sum() / m.sum()
+    ref = surrogate64(model64, opd, temperature) * len(opd) / len(samples) + beta * nll / len(samples)
+    ref.backward()
+    print(f"T={temperature} loss {stats.loss:.8f} reference {float(ref.detach()):.8f} sft {stats.sft_loss:.8f}")
+    assert stats.loss == pytest.approx(float(ref.detach()), rel=1e-5, abs=1e-6)
+    assert stats.sft_loss == pytest.approx(float(beta * nll.detach() / len(samples)), rel=1e-5)
+    assert stats.num_clipped == 3 and stats.num_dual_clipped == 2  # the SFT target's tokens are in no PPO count
+    for (name, p), p64 in zip(model.named_parameters(), model64.parameters()):
+        scale = float(p64.grad.abs().max())
+        torch.testing.assert_close(p.grad.double(), p64.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
