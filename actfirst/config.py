@@ -205,6 +205,34 @@ class WebShopConfig:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
+class SearchConfig:
+    """Search (UOPD, Appendix D.1): Search-R1's questions, its retrieval server, top-3 passages, 8-turn limit."""
+
+    retrieval_url: str = "http://127.0.0.1:8000/retrieve"
+    """A server of Search-R1's retrieval protocol (``POST /retrieve``): Search-R1's e5 + FAISS server over its 2018
+    Wikipedia for the paper's setting, or ``python -m actfirst.envs.search_server`` on a small corpus."""
+    topk: int = 3
+    """Passages per search (D.1: 3)."""
+    max_turns: int = 8
+    """Model outputs per episode (D.1: 8); evaluation adds one forced-answer turn after it (D.5)."""
+    train_file: str = "data/search/train.jsonl"
+    """Training questions, JSONL of ``{"question", "golden_answers", "data_source"}`` (D.1: NQ + HotpotQA train)."""
+    test_files: list[str] = dataclasses.field(default_factory=lambda: ["data/search/test.jsonl"])
+    """Evaluation questions, same format; each question's ``data_source`` is its task type (per-dataset EM)."""
+    timeout_s: float = 60.0
+    """A retrieval request without an answer for this long fails the episode."""
+
+    def __post_init__(self) -> None:
+        _check(self.retrieval_url.startswith(("http://", "https://")), "retrieval_url", self.retrieval_url,
+               "must be an http(s) URL of a retrieval server (POST /retrieve)")
+        _check(self.topk >= 1, "topk", self.topk, "must be >= 1")
+        _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        _check(bool(self.train_file.strip()), "train_file", self.train_file, "must name a JSONL file")
+        _check(bool(self.test_files), "test_files", self.test_files, "must name at least one JSONL file")
+        _check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
 class RolloutSpeedupConfig:
     """The rollout-efficiency experiment (paper Sec. 5.4, Appendix C.5, Table 8, Figure 3a/b)."""
 
@@ -491,10 +519,11 @@ class ParallelConfig:
 class TrainConfig:
     """One OPD training run: benchmark, student engine, teacher, rollouts, update (Sec. 5.1, Appendix B-C)."""
 
-    benchmark: Literal["alfworld", "scienceworld", "webshop"]
+    benchmark: Literal["alfworld", "scienceworld", "webshop", "search"]
     alfworld: ALFWorldConfig | None = None
     scienceworld: ScienceWorldConfig | None = None
     webshop: WebShopConfig | None = None
+    search: SearchConfig | None = None
     """The benchmark's environment section (only the one ``benchmark`` names; absent: configs/envs/<name>.yaml)."""
     student: EngineConfig
     """The student: its Hugging Face directory and the in-process vLLM engine serving it."""
@@ -537,9 +566,12 @@ class TrainConfig:
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:
-        for name in ("alfworld", "scienceworld", "webshop"):
+        for name in ("alfworld", "scienceworld", "webshop", "search"):
             _check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
                    f"set, but benchmark={self.benchmark!r}")
+        from actfirst.envs.benchmarks import benchmark_class  # benchmarks import this module
+
+        benchmark_class(self.benchmark).check_strategy(self.rollout.strategy)
         _check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
         _check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
         _check(self.references is None or bool(self.references.strip()), "references", self.references,
@@ -577,7 +609,7 @@ class TrainConfig:
                    f"must hold an evaluation request (rollout.max_prompt_tokens + rollout.budget.eval_total = {need})")
 
     @property
-    def env_config(self) -> ALFWorldConfig | ScienceWorldConfig | WebShopConfig | None:
+    def env_config(self) -> ALFWorldConfig | ScienceWorldConfig | WebShopConfig | SearchConfig | None:
         """The benchmark's environment section (None: its default file)."""
         return getattr(self, self.benchmark)
 

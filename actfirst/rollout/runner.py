@@ -120,7 +120,7 @@ class RolloutRunner:
 
     def __init__(self, *, engine: ActFirstEngine, tokenizer: PreTrainedTokenizerBase, benchmark: Benchmark,
                  pool: EnvPool, strategy: RolloutStrategy, cfg: RolloutConfig,
-                 references: dict[str, Reference] | None, seed: int = 0) -> None:
+                 references: dict[str, Reference] | None, seed: int = 0, evaluation: bool = False) -> None:
         if strategy.uses_references and references is None:
             raise ValueError(f"rollout.strategy={strategy.name!r}: needs a reference cache")
         self.engine = engine
@@ -132,6 +132,8 @@ class RolloutRunner:
         self.references = references
         self.seed = seed
         self.max_model_len = engine.max_model_len
+        # D.5 (Search): at evaluation, an episode truncated at the turn limit gets one more turn.
+        self.forced_answer = evaluation and benchmark.forced_answer_turn
 
     async def run_batch(self, tasks: Sequence[Any], batch_index: int) -> RolloutBatch:
         """Run one episode per task, concurrently (one worker each); returns when all of them, and all their full
@@ -166,7 +168,7 @@ class RolloutRunner:
         try:
             current = await worker.areset(task)
             last = current
-            for t in range(self.benchmark.max_turns):
+            for t in range(self.benchmark.max_turns + self.forced_answer):
                 context = self._prompt(Mode.FULL_RESPONSE, current, history, counts).token_ids
                 full = asyncio.ensure_future(self.full_response(context, seed + 2 * t))
                 contexts.append(context)
@@ -185,6 +187,8 @@ class RolloutRunner:
                     go_on = self.strategy.after_check(guidance, t, result)
                 turns.append(TurnRecord(t, source, action, proposal, fast, nxt.valid, check, step_started))
                 history.append(Step(current.observation, action))
+                if self.forced_answer and nxt.truncated and t + 1 == self.benchmark.max_turns:
+                    nxt = await worker.acall("force_answer")
                 current = last = nxt
                 if nxt.finished or not go_on:
                     break
@@ -219,7 +223,8 @@ class RolloutRunner:
         budget = self.cfg.budget
         response = await generate_full_response(
             self.engine, self.tokenizer, prompt_ids, first_stage=budget.first_stage, total=budget.total,
-            second_stage=budget.second_stage, temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed)
+            second_stage=budget.second_stage, temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed,
+            response_format=self.benchmark.response_format)
         return response, time.perf_counter()
 
     async def _fast(self, prompt: Prompt, seed: int) -> FastAction:
