@@ -145,6 +145,8 @@ class ScienceWorldConfig:
     eval_variations: int = 5
     """Evaluation instances per type: its last N variations (C.1: 5)."""
     EVALUATION_ONLY: ClassVar[tuple[str, ...]] = ("eval_task_types", "eval_variations")
+    fast_actions: ClassVar[bool] = True
+    """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
     """Keys that do not shape a training task's transitions (a reference cache does not depend on them)."""
 
     def __post_init__(self) -> None:
@@ -173,6 +175,8 @@ class ALFWorldConfig:
     games_per_type: int = 10
     """Generated games per task type and split."""
     seed: int = 0
+    fast_actions: ClassVar[bool] = True
+    """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
 
     def __post_init__(self) -> None:
         _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
@@ -195,6 +199,8 @@ class WebShopConfig:
     num_products: int | None = None
     """Use only the first N products of ``product_file`` (None: all of them, as C.1 does). WebShop has search
     indexes for 100, 1000 and 100000 only."""
+    fast_actions: ClassVar[bool] = True
+    """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
 
     def __post_init__(self) -> None:
         _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
@@ -202,6 +208,11 @@ class WebShopConfig:
             _check(bool(getattr(self, key).strip()), key, getattr(self, key), "must name a file")
         _check(self.num_products in (None, 100, 1000, 100000), "num_products", self.num_products,
                "must be null (all of product_file) or one of WebShop's index sizes 100, 1000, 100000")
+
+
+FAST_ACTION_STRATEGIES = ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100")
+"""Strategies that need B.1's next-action-prediction or inverse-dynamics prompts, or reference trajectories: only
+benchmarks whose env config has ``fast_actions`` run them."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -221,6 +232,8 @@ class SearchConfig:
     """Evaluation questions, same format; each question's ``data_source`` is its task type (per-dataset EM)."""
     timeout_s: float = 60.0
     """A retrieval request without an answer for this long fails the episode."""
+    fast_actions: ClassVar[bool] = False
+    """Search has no B.1 next-action-prediction or inverse-dynamics prompts and no reference trajectories."""
 
     def __post_init__(self) -> None:
         _check(self.retrieval_url.startswith(("http://", "https://")), "retrieval_url", self.retrieval_url,
@@ -569,9 +582,11 @@ class TrainConfig:
         for name in ("alfworld", "scienceworld", "webshop", "search"):
             _check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
                    f"set, but benchmark={self.benchmark!r}")
-        from actfirst.envs.benchmarks import benchmark_class  # benchmarks import this module
-
-        benchmark_class(self.benchmark).check_strategy(self.rollout.strategy)
+        env_class = typing.get_args(typing.get_type_hints(TrainConfig)[self.benchmark])[0]
+        _check(self.rollout.strategy not in FAST_ACTION_STRATEGIES or env_class.fast_actions, "rollout.strategy",
+               self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) and reference "
+               f"trajectories, which benchmark {self.benchmark!r} does not have; use a think-then-act strategy "
+               f"(e.g. vanilla)")
         _check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
         _check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
         _check(self.references is None or bool(self.references.strip()), "references", self.references,

@@ -40,8 +40,6 @@ if TYPE_CHECKING:
 
 EnvConfig = ALFWorldConfig | ScienceWorldConfig | WebShopConfig | SearchConfig
 SPLITS = ("train", "eval")
-FAST_ACTION_STRATEGIES = ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100")
-"""Strategies that need B.1's next-action-prediction or inverse-dynamics prompts, or reference trajectories."""
 CONFIG_DIR = Path(__file__).parents[2] / "configs" / "envs"
 
 
@@ -74,8 +72,6 @@ class Benchmark(abc.ABC):
     """Whether reference candidates are shortened while their replay still succeeds (C.2: ScienceWorld)."""
     response_format: ClassVar[ResponseFormat] = ACTION_TAGS
     """How full responses end and where their action is (B.1/B.3's ``<action>`` field; Search: E.3's tags)."""
-    fast_actions: ClassVar[bool] = True
-    """Whether B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
     prompt_is_observation: ClassVar[bool] = False
     """Whether the observation is the whole prompt, sent without a chat template (Search, E.3) instead of B.1's
     templates with B.2's history."""
@@ -101,14 +97,6 @@ class Benchmark(abc.ABC):
     def env_spec(self) -> EnvSpec:
         """What a worker process needs to build ``make_env()``'s environment."""
         return EnvSpec(self.name, self.config)
-
-    @classmethod
-    def check_strategy(cls, strategy: str) -> None:
-        """Refuse a rollout strategy this benchmark cannot run (``ConfigError`` naming both)."""
-        if strategy in FAST_ACTION_STRATEGIES and not cls.fast_actions:
-            raise ConfigError(f"rollout.strategy={strategy!r}: needs next-action-prediction or inverse-dynamics "
-                              f"prompts (B.1) and reference trajectories, which benchmark {cls.name!r} does not have; "
-                              f"use a think-then-act strategy (e.g. vanilla)")
 
     @abc.abstractmethod
     def prompt_fields(self, current: Transition) -> dict[str, str]:
@@ -384,7 +372,6 @@ class SearchBenchmark(Benchmark):
     name = "search"
     config_class = SearchConfig
     response_format = SEARCH_RESPONSES
-    fast_actions = False
     prompt_is_observation = True
     forced_answer_turn = True
 

@@ -28,7 +28,8 @@ def retrieve(url: str, queries: Sequence[str], topk: int, timeout_s: float) -> l
             raw = response.read()
     except urllib.error.HTTPError as e:
         detail = e.read().decode(errors="replace")[:300]
-        raise RetrievalError(f"retrieval_url={url!r}: the server answered HTTP {e.code} {e.reason} ({detail})") from None
+        raise RetrievalError(f"retrieval_url={url!r}: the server answered HTTP {e.code} {e.reason} "
+                             f"({detail})") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise RetrievalError(f"retrieval_url={url!r}: cannot reach the retrieval server ({reason}); start one "

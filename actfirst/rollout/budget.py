@@ -74,8 +74,8 @@ async def generate_full_response(engine: ActFirstEngine, tokenizer: PreTrainedTo
 
     ``response_format`` (the benchmark's) gives the stop strings, when a response holds its action, the action and
     the inserted tokens: ``tokenizer.encode(response_format.early_stop_text(...), add_special_tokens=False)``. The
-    second request's seed is ``seed`` plus the response tokens before it, the engine's convention for a resumed request, so no two
-    stretches of a response share a sampling seed. Raises
+    second request's seed is ``seed`` plus the response tokens before it, the engine's convention for a resumed
+    request, so no two stretches of a response share a sampling seed. Raises
     :class:`~actfirst.rollout.actions.GenerationAborted` if the engine aborts a request.
     """
     if not 1 <= first_stage <= total:
