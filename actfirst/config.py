@@ -146,6 +146,8 @@ class ScienceWorldConfig:
     """Evaluation instances per type: its last N variations (C.1: 5)."""
     EVALUATION_ONLY: ClassVar[tuple[str, ...]] = ("eval_task_types", "eval_variations")
     """Keys that do not shape a training task's transitions (a reference cache does not depend on them)."""
+    fast_actions: ClassVar[bool] = True
+    """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
 
     def __post_init__(self) -> None:
         from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
@@ -173,6 +175,8 @@ class ALFWorldConfig:
     games_per_type: int = 10
     """Generated games per task type and split."""
     seed: int = 0
+    fast_actions: ClassVar[bool] = True
+    """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
 
     def __post_init__(self) -> None:
         _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
@@ -195,6 +199,8 @@ class WebShopConfig:
     num_products: int | None = None
     """Use only the first N products of ``product_file`` (None: all of them, as C.1 does). WebShop has search
     indexes for 100, 1000 and 100000 only."""
+    fast_actions: ClassVar[bool] = True
+    """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
 
     def __post_init__(self) -> None:
         _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
@@ -202,6 +208,41 @@ class WebShopConfig:
             _check(bool(getattr(self, key).strip()), key, getattr(self, key), "must name a file")
         _check(self.num_products in (None, 100, 1000, 100000), "num_products", self.num_products,
                "must be null (all of product_file) or one of WebShop's index sizes 100, 1000, 100000")
+
+
+FAST_ACTION_STRATEGIES = ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100")
+"""Strategies that need B.1's next-action-prediction or inverse-dynamics prompts, or reference trajectories: only
+benchmarks whose env config has ``fast_actions`` run them."""
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class SearchConfig:
+    """Search (UOPD, Appendix D.1): Search-R1's questions, its retrieval server, top-3 passages, 8-turn limit."""
+
+    retrieval_url: str = "http://127.0.0.1:8000/retrieve"
+    """A server of Search-R1's retrieval protocol (``POST /retrieve``): Search-R1's e5 + FAISS server over its 2018
+    Wikipedia for the paper's setting, or ``python -m actfirst.envs.search_server`` on a small corpus."""
+    topk: int = 3
+    """Passages per search (D.1: 3)."""
+    max_turns: int = 8
+    """Model outputs per episode (D.1: 8); evaluation adds one forced-answer turn after it (D.5)."""
+    train_file: str = "data/search/train.jsonl"
+    """Training questions, JSONL of ``{"question", "golden_answers", "data_source"}`` (D.1: NQ + HotpotQA train)."""
+    test_files: list[str] = dataclasses.field(default_factory=lambda: ["data/search/test.jsonl"])
+    """Evaluation questions, same format; each question's ``data_source`` is its task type (per-dataset EM)."""
+    timeout_s: float = 60.0
+    """A retrieval request without an answer for this long fails the episode."""
+    fast_actions: ClassVar[bool] = False
+    """Search has no B.1 next-action-prediction or inverse-dynamics prompts and no reference trajectories."""
+
+    def __post_init__(self) -> None:
+        _check(self.retrieval_url.startswith(("http://", "https://")), "retrieval_url", self.retrieval_url,
+               "must be an http(s) URL of a retrieval server (POST /retrieve)")
+        _check(self.topk >= 1, "topk", self.topk, "must be >= 1")
+        _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        _check(bool(self.train_file.strip()), "train_file", self.train_file, "must name a JSONL file")
+        _check(bool(self.test_files), "test_files", self.test_files, "must name at least one JSONL file")
+        _check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -545,10 +586,11 @@ class ParallelConfig:
 class TrainConfig:
     """One OPD training run: benchmark, student engine, teacher, rollouts, update (Sec. 5.1, Appendix B-C)."""
 
-    benchmark: Literal["alfworld", "scienceworld", "webshop"]
+    benchmark: Literal["alfworld", "scienceworld", "webshop", "search"]
     alfworld: ALFWorldConfig | None = None
     scienceworld: ScienceWorldConfig | None = None
     webshop: WebShopConfig | None = None
+    search: SearchConfig | None = None
     """The benchmark's environment section (only the one ``benchmark`` names; absent: configs/envs/<name>.yaml)."""
     student: EngineConfig
     """The student: its Hugging Face directory and the in-process vLLM engine serving it."""
@@ -595,9 +637,14 @@ class TrainConfig:
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:
-        for name in ("alfworld", "scienceworld", "webshop"):
+        for name in ("alfworld", "scienceworld", "webshop", "search"):
             _check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
                    f"set, but benchmark={self.benchmark!r}")
+        env_class = typing.get_args(typing.get_type_hints(TrainConfig)[self.benchmark])[0]
+        _check(self.rollout.strategy not in FAST_ACTION_STRATEGIES or env_class.fast_actions, "rollout.strategy",
+               self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) and reference "
+               f"trajectories, which benchmark {self.benchmark!r} does not have; use a think-then-act strategy "
+               f"(e.g. vanilla)")
         _check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
         _check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
         _check(self.references is None or bool(self.references.strip()), "references", self.references,
@@ -642,7 +689,7 @@ class TrainConfig:
                    f"must hold an evaluation request (rollout.max_prompt_tokens + rollout.budget.eval_total = {need})")
 
     @property
-    def env_config(self) -> ALFWorldConfig | ScienceWorldConfig | WebShopConfig | None:
+    def env_config(self) -> ALFWorldConfig | ScienceWorldConfig | WebShopConfig | SearchConfig | None:
         """The benchmark's environment section (None: its default file)."""
         return getattr(self, self.benchmark)
 

@@ -163,7 +163,7 @@ async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any]
                     call_timeout_s=rollout.env_timeout_s) as env_pool:
         workers = env_pool.workers[:min(max_in_flight, total)]
         runner = RolloutRunner(engine=engine, tokenizer=tokenizer, benchmark=benchmark, pool=env_pool,
-                               strategy=make_strategy("vanilla"), cfg=cfg, references=None)
+                               strategy=make_strategy("vanilla"), cfg=cfg, references=None, evaluation=True)
 
         async def play(worker, job: tuple[int, int]) -> None:
             seed, index = job
@@ -279,7 +279,7 @@ def serving_configs(model: str, benchmark_name: str, config: str | None, overrid
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m actfirst.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="the student's Hugging Face directory")
-    parser.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop"])
+    parser.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop", "search"])
     parser.add_argument("--split", default="eval", choices=["train", "eval"])
     parser.add_argument("--tasks", type=int, default=0, help="evaluate N tasks, round-robin over task types (0: all)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(EVAL_SEEDS))

@@ -187,10 +187,14 @@ def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_descriptio
     Action-only modes render with ``enable_thinking=False``: with a real Qwen3 chat template the generation prompt
     then holds an empty thinking block, so a fast action is an action without preceding reasoning (Eq. 6-7); our
     own template ignores the flag.
+    A benchmark whose observation is the whole prompt (Search) goes to :func:`observation_prompt`.
     Dropping the oldest pair one at a time until the prompt fits keeps the longest suffix that fits; since a
     shorter suffix never needs more tokens, that suffix is found by bisection (about log2(len(history)) + 1
     tokenizations instead of one per dropped pair).
     """
+    if benchmark.prompt_is_observation:
+        return observation_prompt(tokenizer, benchmark, mode, current, budget_tokens, limit_tokens)
+
     def attempt(start: int) -> Prompt:
         text = render(benchmark, mode, task_description=task_description, history=history[start:],
                       step_count=len(history), current=current, reference_next_observation=reference_next_observation)
@@ -218,3 +222,18 @@ def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_descriptio
         else:
             lo = mid
     return best
+
+
+def observation_prompt(tokenizer, benchmark: Benchmark, mode: Mode, current: Transition, budget_tokens: int,
+                       limit_tokens: int | None) -> Prompt:
+    """The prompt of a benchmark whose observation is the whole prompt (Search, E.3): its text tokenized as it is,
+    without a chat template (E.3's teacher was trained on Search-R1's raw prompt from a base checkpoint, D.2). Only
+    full responses exist there; there is no history to drop, so a prompt over ``budget_tokens`` goes ahead
+    (``over_budget``) and one over ``limit_tokens`` is :class:`PromptTooLong`."""
+    if mode is not Mode.FULL_RESPONSE:
+        raise ValueError(f"mode={mode.value}: benchmark {benchmark.name!r} has only full-response prompts")
+    ids = tokenizer.encode(current.observation, add_special_tokens=False)
+    if limit_tokens is not None and len(ids) > limit_tokens:
+        raise PromptTooLong(f"the {benchmark.name} prompt needs {len(ids)} tokens, more than the model takes with "
+                            f"this request's response budget ({limit_tokens})")
+    return Prompt(list(ids), current.observation, 0, over_budget=len(ids) > budget_tokens)

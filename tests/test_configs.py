@@ -15,17 +15,20 @@ from actfirst.config import (
     ModelConfig,
     RolloutSpeedupConfig,
     ScienceWorldConfig,
+    SearchConfig,
     TrainConfig,
     WebShopConfig,
     load_config,
 )
 
 CONFIGS = Path(__file__).parents[1] / "configs"
-TRAIN = sorted((CONFIGS / "train").rglob("*.yaml"))
+TRAIN = sorted(p for p in (CONFIGS / "train").rglob("*.yaml") if p.parent.name != "search")
+"""The nine ActFirst settings (Search's UOPD setting is tested in tests/envs/test_search.py)."""
 BENCHMARKS = ("alfworld", "scienceworld", "webshop")
 SIZES = ("0.6b", "1.7b", "4b")
 TURN_LIMITS = {"alfworld": 30, "webshop": 15, "scienceworld": 30}   # Sec. 5.1
-ENV_CLASSES = {"alfworld": ALFWorldConfig, "scienceworld": ScienceWorldConfig, "webshop": WebShopConfig}
+ENV_CLASSES = {"alfworld": ALFWorldConfig, "scienceworld": ScienceWorldConfig, "webshop": WebShopConfig,
+               "search": SearchConfig}
 
 
 def config_class(path: Path) -> type:

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, WebShopConfig, load_config
+from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, SearchConfig, WebShopConfig, load_config
 from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
+from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
 from actfirst.envs.checks import (
     SEARCH_MISMATCH_ALLOWED,
     CheckResult,
@@ -32,11 +33,12 @@ from actfirst.envs.checks import (
     webshop_check,
     webshop_reference_product,
 )
+from actfirst.envs.search_text import SEARCH_RESPONSES
 
 if TYPE_CHECKING:
     from actfirst.envs.workers import EnvWorker
 
-EnvConfig = ALFWorldConfig | ScienceWorldConfig | WebShopConfig
+EnvConfig = ALFWorldConfig | ScienceWorldConfig | WebShopConfig | SearchConfig
 SPLITS = ("train", "eval")
 CONFIG_DIR = Path(__file__).parents[2] / "configs" / "envs"
 
@@ -68,6 +70,14 @@ class Benchmark(abc.ABC):
     config_class: ClassVar[type]
     shortens_candidates: ClassVar[bool] = False
     """Whether reference candidates are shortened while their replay still succeeds (C.2: ScienceWorld)."""
+    response_format: ClassVar[ResponseFormat] = ACTION_TAGS
+    """How full responses end and where their action is (B.1/B.3's ``<action>`` field; Search: E.3's tags)."""
+    prompt_is_observation: ClassVar[bool] = False
+    """Whether the observation is the whole prompt, sent without a chat template (Search, E.3) instead of B.1's
+    templates with B.2's history."""
+    forced_answer_turn: ClassVar[bool] = False
+    """Whether evaluation gives an episode truncated at the turn limit one more turn (the environment's
+    ``force_answer``; Search, D.5)."""
 
     def __init__(self, config: EnvConfig):
         if not isinstance(config, self.config_class):
@@ -353,8 +363,52 @@ class WebShopBenchmark(Benchmark):
         return (-reference.score, len(reference.actions))
 
 
+class SearchBenchmark(Benchmark):
+    """Search (UOPD, D.1, D.5, E.3): Search-R1's questions, answered with a retrieval tool; scored by exact match.
+
+    Think-then-act only: there are no B.1 next-action or inverse-dynamics templates and no reference trajectories,
+    so the B.5 checks and the reference builder do not apply."""
+
+    name = "search"
+    config_class = SearchConfig
+    response_format = SEARCH_RESPONSES
+    prompt_is_observation = True
+    forced_answer_turn = True
+
+    def make_env(self) -> TextEnv:
+        from actfirst.envs.search_env import SearchTextEnv
+
+        return SearchTextEnv(self.config)
+
+    def prompt_fields(self, current: Transition) -> dict[str, str]:
+        """None: the observation is the whole prompt (E.3)."""
+        return {}
+
+    def valid_action(self, action: str, current: Transition) -> bool:
+        """A complete search or answer (E.3)."""
+        return SEARCH_RESPONSES.has_action(action)
+
+    def _check(self, reference, t, *, action, current, next, previous):
+        raise NotImplementedError("benchmark 'search' has no reference trajectories to check against (B.5)")
+
+    def task_key(self, task) -> str:
+        return task.key
+
+    def task_type(self, task) -> str:
+        """The question's ``data_source`` (nq, hotpotqa, 2wikimultihopqa, musique, bamboogle): EM per dataset."""
+        return task.data_source
+
+    def _tasks(self, split: str) -> list:
+        """train: ``train_file``; eval: ``test_files`` (D.1)."""
+        from actfirst.envs.search_env import load_questions
+
+        if split == "train":
+            return load_questions([self.config.train_file], "train_file")
+        return load_questions(self.config.test_files, "test_files")
+
+
 BENCHMARKS: dict[str, type[Benchmark]] = {b.name: b for b in (ALFWorldBenchmark, ScienceWorldBenchmark,
-                                                               WebShopBenchmark)}
+                                                               WebShopBenchmark, SearchBenchmark)}
 
 
 def config_path(name: str) -> Path:

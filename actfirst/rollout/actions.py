@@ -1,4 +1,4 @@
-"""Action extraction (Appendix B.3) and fast actions, the action-only decoding path (Sec. 4, Appendix C.5).
+"""Fast actions, the action-only decoding path (Sec. 4, Appendix C.5).
 
 Everything here works on text, never on token ids of the tags: ``<action>`` is one added token in our small
 ``env-bpe`` tokenizer but several plain-text tokens in Qwen3's, and the engine finds the ``</action>`` stop string
@@ -8,19 +8,12 @@ in the decoded text either way.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from actfirst.engine.core import ActFirstEngine
 from actfirst.engine.request import GenerationResult, RequestKind, SamplingSpec
-
-ACTION_OPEN = "<action>"
-ACTION_CLOSE = "</action>"
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-
-# A complete field: an opening tag, then text without another opening tag, then the first closing tag.
-_FIELD = re.compile(f"{re.escape(ACTION_OPEN)}((?:(?!{re.escape(ACTION_OPEN)}).)*?){re.escape(ACTION_CLOSE)}",
-                    re.DOTALL)
+# The text rules live with the benchmarks' response formats; re-exported here for the action-only path.
+from actfirst.envs.response_format import (  # noqa: F401
+    ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE, THINK_OPEN, answer_text, extract_action, has_action_field)
 
 
 class GenerationAborted(RuntimeError):
@@ -33,41 +26,6 @@ def check_not_aborted(result: GenerationResult) -> GenerationResult:
         raise GenerationAborted(f"request {result.request_id} ({result.kind.name}) was aborted after "
                                 f"{len(result.token_ids)} tokens: the engine is closing")
     return result
-
-
-def answer_text(text: str) -> str:
-    """Where a response's action field may be: the text after the last ``</think>``; nothing while reasoning is
-    unfinished (a ``<think>`` not closed yet: tags the reasoning echoes from the prompt are not the answer); the
-    whole text of a response without a thinking block (fast actions)."""
-    _, closed, after = text.rpartition(THINK_CLOSE)
-    if closed:
-        return after
-    return "" if THINK_OPEN in text else text
-
-
-def has_action_field(text: str) -> bool:
-    """Whether ``text`` holds a complete ``<action>...</action>`` field (B.3's closed action field)."""
-    return _FIELD.search(answer_text(text)) is not None
-
-
-def extract_action(text: str, *, truncated: bool) -> str:
-    """The action of a response: the text of its ``<action>`` field, stripped of surrounding whitespace (B.3).
-
-    Whatever the model emitted yields a string, never an error; ``""`` is the paper's empty action, and anything
-    else is passed on for the environment to judge (C.5: valid iff it exactly matches an admissible action):
-
-    - ``truncated`` (B.3: "responses marked as truncated are treated as empty actions"), no ``<action>`` tag, or
-      an opening tag that is never closed: ``""``;
-    - several fields: the first complete one, i.e. the first ``</action>`` with the nearest ``<action>`` before
-      it (an ``<action>`` repeated before any ``</action>`` restarts the field);
-    - any other characters (unicode junk, nested markup, newlines) are kept as text;
-    - only :func:`answer_text` counts: the prompt's "<action> </action>" echoed inside the reasoning is not the
-      response's action field.
-    """
-    if truncated:
-        return ""
-    match = _FIELD.search(answer_text(text))
-    return match.group(1).strip() if match else ""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

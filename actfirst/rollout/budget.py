@@ -24,33 +24,10 @@ from transformers import PreTrainedTokenizerBase
 
 from actfirst.engine.core import ActFirstEngine
 from actfirst.engine.request import GenerationResult, RequestKind, SamplingSpec
-from actfirst.rollout.actions import (ACTION_OPEN, THINK_CLOSE, answer_text, check_not_aborted, extract_action,
-                                      has_action_field)
+from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
+from actfirst.envs.response_format import EARLY_STOP_SENTENCE, early_stop_text  # noqa: F401 (B.3's text, re-exported)
+from actfirst.rollout.actions import check_not_aborted
 from actfirst.train.sample import Sample
-
-EARLY_STOP_SENTENCE = ("Considering the limited time by the user, I have to give the action based on the thinking "
-                       "directly now.")
-"""B.3's early-stop instruction (Qwen3's, with "solution" adapted to "action")."""
-
-
-def early_stop_text(first_text: str) -> str:
-    """The text B.3 inserts after a first request that reached its budget (``first_text``: its decoded output).
-
-    The three lines of B.3 laid out as in Qwen3's thinking-budget recipe (``"\\n\\n" + sentence + "\\n</think>"``,
-    then the blank line Qwen3's chat template puts after ``</think>``), ending with the opening tag so that the
-    second request starts inside the action field::
-
-        "\\n\\n" + EARLY_STOP_SENTENCE + "\\n</think>\\n\\n<action>"   reasoning unfinished
-        "\\n\\n" + EARLY_STOP_SENTENCE + "\\n\\n<action>"             "</think>" already generated: its line is omitted
-        ""                                                          "<action>" already generated: nothing is inserted
-
-    (Qwen's recipe writes ``"</think>.\\n\\n"``; B.3's text has no period after ``</think>``, so neither do we.)
-    """
-    if ACTION_OPEN in answer_text(first_text):  # action generation started (not an echo inside the reasoning)
-        return ""
-    think_close = "" if THINK_CLOSE in first_text else f"\n{THINK_CLOSE}"
-    return f"\n\n{EARLY_STOP_SENTENCE}{think_close}\n\n{ACTION_OPEN}"
-
 
 def second_stage_max_tokens(*, num_first: int, num_inserted: int, total: int, second_stage: int) -> int:
     """Tokens the second request may generate (B.3): at most ``second_stage``, within the total budget after
@@ -91,19 +68,21 @@ class FullResponse:
 
 async def generate_full_response(engine: ActFirstEngine, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int],
                                  *, first_stage: int, total: int, second_stage: int, temperature: float,
-                                 top_p: float, seed: int | None) -> FullResponse:
+                                 top_p: float, seed: int | None,
+                                 response_format: ResponseFormat = ACTION_TAGS) -> FullResponse:
     """Generate one full response with B.3's budgeted decoding (see the module docstring).
 
-    Inserted tokens are ``tokenizer.encode(early_stop_text(...), add_special_tokens=False)``. The second request's
-    seed is ``seed`` plus the response tokens before it, the engine's convention for a resumed request, so no two
-    stretches of a response share a sampling seed. Raises
+    ``response_format`` (the benchmark's) gives the stop strings, when a response holds its action, the action and
+    the inserted tokens: ``tokenizer.encode(response_format.early_stop_text(...), add_special_tokens=False)``. The
+    second request's seed is ``seed`` plus the response tokens before it, the engine's convention for a resumed
+    request, so no two stretches of a response share a sampling seed. Raises
     :class:`~actfirst.rollout.actions.GenerationAborted` if the engine aborts a request.
     """
     if not 1 <= first_stage <= total:
         raise ValueError(f"first_stage={first_stage}: must be in [1, total={total}]")
 
     async def request(prompt: list[int], max_tokens: int, offset: int) -> GenerationResult:
-        spec = SamplingSpec(max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+        spec = SamplingSpec(max_tokens=max_tokens, stop=response_format.stop, temperature=temperature, top_p=top_p,
                             seed=None if seed is None else seed + offset)
         return check_not_aborted(await engine.generate(prompt, RequestKind.FULL_RESPONSE, spec))
 
@@ -111,8 +90,8 @@ async def generate_full_response(engine: ActFirstEngine, tokenizer: PreTrainedTo
     results = [first]
     token_ids, loss_mask, logprobs = list(first.token_ids), [1] * len(first.token_ids), list(first.logprobs)
     num_inserted = 0
-    if first.finish_reason == "length" and not has_action_field(first.text):
-        inserted = tokenizer.encode(early_stop_text(first.text), add_special_tokens=False)
+    if first.finish_reason == "length" and not response_format.has_action(first.text):
+        inserted = tokenizer.encode(response_format.early_stop_text(first.text), add_special_tokens=False)
         budget = second_stage_max_tokens(num_first=len(first.token_ids), num_inserted=len(inserted), total=total,
                                          second_stage=second_stage)
         if budget > 0:
@@ -126,9 +105,9 @@ async def generate_full_response(engine: ActFirstEngine, tokenizer: PreTrainedTo
             loss_mask += [1] * len(second.token_ids)
             logprobs += second.logprobs
     text = tokenizer.decode(token_ids, skip_special_tokens=True)
-    truncated = results[-1].finish_reason == "length" and not has_action_field(text)
+    truncated = results[-1].finish_reason == "length" and not response_format.has_action(text)
     return FullResponse(token_ids=token_ids, loss_mask=loss_mask, logprobs=logprobs, text=text,
-                        action=extract_action(text, truncated=truncated), truncated=truncated,
+                        action=response_format.extract_action(text, truncated=truncated), truncated=truncated,
                         weight_version=min(r.weight_version for r in results), num_requests=len(results),
                         num_inserted=num_inserted, queue_wait_s=sum(r.queue_wait_s for r in results),
                         latency_s=sum(r.latency_s for r in results))

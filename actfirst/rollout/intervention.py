@@ -52,6 +52,7 @@ import numpy as np
 
 from actfirst.config import RolloutConfig, UOPDConfig
 from actfirst.engine.core import ActFirstEngine
+from actfirst.envs.response_format import ResponseFormat
 from actfirst.rollout.budget import FullResponse, generate_full_response
 from actfirst.train.teacher import TeacherScorer
 
@@ -145,13 +146,15 @@ class Intervention:
         await asyncio.to_thread(work)
         return uncertainty_score(self.cfg.score, sample.teacher_logprobs, sample.logprobs, sample.loss_mask)
 
-    async def teacher_response(self, context_ids: list[int], seed: int) -> FullResponse:
-        """a_t^T ~ pi_T(. | h_t): the teacher's full response at the rollout temperature, with B.3's budget."""
+    async def teacher_response(self, context_ids: list[int], seed: int, response_format: ResponseFormat
+                               ) -> FullResponse:
+        """a_t^T ~ pi_T(. | h_t): the teacher's full response at the rollout temperature, with B.3's budget, in the
+        benchmark's ``response_format``."""
         budget = self.rollout.budget
         return await generate_full_response(
             self.teacher_engine, self.tokenizer, context_ids, first_stage=budget.first_stage, total=budget.total,
             second_stage=budget.second_stage, temperature=self.rollout.temperature, top_p=self.rollout.top_p,
-            seed=seed)
+            seed=seed, response_format=response_format)
 
     def state_dict(self) -> dict[str, Any]:
         """The score buffer and the random stream (the schedule follows the update count)."""

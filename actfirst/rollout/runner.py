@@ -156,7 +156,7 @@ class RolloutRunner:
     def __init__(self, *, engine: ActFirstEngine, tokenizer: PreTrainedTokenizerBase, benchmark: Benchmark,
                  pool: EnvPool, strategy: RolloutStrategy, cfg: RolloutConfig,
                  references: dict[str, Reference] | None, seed: int = 0,
-                 intervention: Intervention | None = None) -> None:
+                 intervention: Intervention | None = None, evaluation: bool = False) -> None:
         if strategy.uses_references and references is None:
             raise ValueError(f"rollout.strategy={strategy.name!r}: needs a reference cache")
         if strategy.intervenes != (intervention is not None):
@@ -172,6 +172,8 @@ class RolloutRunner:
         self.seed = seed
         self.intervention = intervention
         self.max_model_len = engine.max_model_len
+        # D.5 (Search): at evaluation, an episode truncated at the turn limit gets one more turn.
+        self.forced_answer = evaluation and benchmark.forced_answer_turn
 
     async def run_batch(self, tasks: Sequence[Any], batch_index: int) -> RolloutBatch:
         """Run one episode per task, concurrently (one worker each); returns when all of them, and all their full
@@ -203,7 +205,7 @@ class RolloutRunner:
         guided_episode = ep.guidance.active
         try:
             ep.current = ep.last = await worker.areset(task)
-            for t in range(self.strategy.horizon(ep.guidance, self.benchmark.max_turns)):
+            for t in range(self.strategy.horizon(ep.guidance, self.benchmark.max_turns) + self.forced_answer):
                 if not await self._turn(ep, worker, t):
                     break
         except (WorkerDied, EnvError, PromptTooLong) as exc:
@@ -251,6 +253,8 @@ class RolloutRunner:
             go_on = self.strategy.after_check(guidance, t, result)
         ep.turns.append(TurnRecord(t, source, action, proposal, fast, nxt.valid, check, step_started))
         ep.history.append(Step(current.observation, action))
+        if self.forced_answer and nxt.truncated and t + 1 == self.benchmark.max_turns:
+            nxt = await worker.acall("force_answer")
         ep.current = ep.last = nxt
         return not nxt.finished and go_on
 
@@ -263,7 +267,7 @@ class RolloutRunner:
         if not record.intervened:
             return action, ActionSource.FULL_RESPONSE
         t0 = time.perf_counter()
-        teacher = await self.intervention.teacher_response(ep.contexts[-1], seed)
+        teacher = await self.intervention.teacher_response(ep.contexts[-1], seed, self.benchmark.response_format)
         record.teacher_s = time.perf_counter() - t0
         ep.teacher_responses[-1] = teacher
         if self.intervention.cfg.teacher_execution:
@@ -285,7 +289,8 @@ class RolloutRunner:
         budget = self.cfg.budget
         response = await generate_full_response(
             self.engine, self.tokenizer, prompt_ids, first_stage=budget.first_stage, total=budget.total,
-            second_stage=budget.second_stage, temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed)
+            second_stage=budget.second_stage, temperature=self.cfg.temperature, top_p=self.cfg.top_p, seed=seed,
+            response_format=self.benchmark.response_format)
         return response, time.perf_counter()
 
     async def _fast(self, prompt: Prompt, seed: int) -> FastAction:
