@@ -26,7 +26,8 @@ from actfirst.train.plots import new_figure, read_records, read_wall_clock, save
 from actfirst.user_input import check_writable_dir, command
 
 METHODS = {"vanilla": "Vanilla OPD", "actfirst": "ActFirst-OPD", "no_id": "w/o ID", "no_nap": "w/o NAP fallback",
-           "ref_prefix_50": "Reference-Prefix Replay (50%)", "ref_prefix_100": "Reference-Prefix Replay (100%)"}
+           "ref_prefix_50": "Reference-Prefix Replay (50%)", "ref_prefix_100": "Reference-Prefix Replay (100%)",
+           "f2b": "TCOD-F2B", "b2f": "TCOD-B2F", "uopd": "UOPD"}
 """The paper's name of each strategy."""
 BASELINE = "vanilla"
 COMPARISON_SIZE = (7.0, 4.5)

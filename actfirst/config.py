@@ -299,8 +299,9 @@ class RolloutSpeedupConfig:
         _check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
 
 
-STRATEGIES = ("vanilla", "actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100")
-"""Rollout strategies: Vanilla OPD (think-then-act), ActFirst-OPD, and the ablations of Sec. 5.3."""
+STRATEGIES = ("vanilla", "actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "f2b", "b2f", "uopd")
+"""Rollout strategies: Vanilla OPD (think-then-act), ActFirst-OPD, the ablations of Sec. 5.3, and the UOPD paper's
+methods (TCOD-F2B, TCOD-B2F, UOPD; its OPD is ``vanilla``)."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -805,13 +806,36 @@ def load_config(cls: type, path: str | os.PathLike | None, overrides: list[str] 
                 key: str = "--config") -> Any:
     """Load ``cls`` from a YAML file (or from nothing) plus dotted overrides, validating everything (input paths
     too, except inside :func:`paths_unchecked`). ``key``: what errors about the file call it."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = parse_yaml(read_text(path, key), f"{key}={str(path)!r}") or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{key}={str(path)!r}: the top level must be a mapping, not {type(data).__name__}")
+    data = read_config_file(path, key) if path is not None else {}
     apply_overrides(data, list(overrides or []))
     return _build(cls, data, "")
+
+
+def read_config_file(path: str | os.PathLike, key: str = "--config", seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML config as a dict. A top-level ``base: <file>`` (relative to this file) is read first and this file's
+    keys are merged into it: sections key by key, any other value replacing the base's."""
+    data = parse_yaml(read_text(path, key), f"{key}={str(path)!r}") or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{key}={str(path)!r}: the top level must be a mapping, not {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    here = Path(path).resolve()
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"base={base!r} (in {str(path)!r}): must name a YAML file")
+    base_path = here.parent / base
+    if base_path.resolve() in (*seen, here):
+        raise ConfigError(f"base={base!r} (in {str(path)!r}): a circle of base files")
+    return merge_sections(read_config_file(base_path, f"base (in {str(path)!r})", (*seen, here)), data)
+
+
+def merge_sections(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into a copy of ``base``: mappings merged key by key, other values replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merge_sections(out[key], value) if both else value
+    return out
 
 
 def parse_yaml(text: str, what: str) -> Any:

@@ -22,8 +22,10 @@ from actfirst.config import (
 )
 
 CONFIGS = Path(__file__).parents[1] / "configs"
-TRAIN = sorted(p for p in (CONFIGS / "train").rglob("*.yaml") if p.parent.name != "search")
-"""The nine ActFirst settings (Search's UOPD setting is tested in tests/envs/test_search.py)."""
+TRAIN = sorted(p for p in (CONFIGS / "train").rglob("qwen3-*.yaml"))
+"""The nine ActFirst settings (the other methods' configs build on them: test_method_configs)."""
+METHOD_CONFIGS = sorted(p for p in (CONFIGS / "train").rglob("*.yaml") if not p.name.startswith("qwen3-"))
+"""One per method and benchmark where a paper runs it: <method>-<student>.yaml (OPD is ``vanilla``)."""
 BENCHMARKS = ("alfworld", "scienceworld", "webshop")
 SIZES = ("0.6b", "1.7b", "4b")
 TURN_LIMITS = {"alfworld": 30, "webshop": 15, "scienceworld": 30}   # Sec. 5.1
@@ -142,7 +144,7 @@ def test_reference_free_strategies_run_without_references(paths):
     path = CONFIGS / "train" / "webshop" / "qwen3-0.6b.yaml"
     for strategy in STRATEGIES:
         overrides = paths[:2] + ["references=null", f"rollout.strategy={strategy}"]
-        if strategy in ("vanilla", "no_id"):
+        if strategy in ("vanilla", "no_id", "f2b", "uopd"):
             assert load_config(TrainConfig, path, overrides).references is None
         else:
             with pytest.raises(ConfigError, match=f"references=None: rollout.strategy='{strategy}' needs"):
@@ -227,3 +229,42 @@ def test_a_layout_the_ranks_cannot_share_is_refused_before_launch(args, named, c
     assert cli.main([*args, f"out_dir={tmp_path / 'run'}"]) == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("path", METHOD_CONFIGS, ids=lambda p: p.relative_to(CONFIGS).as_posix())
+def test_method_configs(path, paths):
+    """Each method config names its strategy in its file name and holds its paper's values (003 D.3-D.5)."""
+    method, _, student = path.stem.partition("-")
+    strategy = {"opd": "vanilla"}.get(method, method)
+    overrides = paths if strategy == "b2f" else paths[:2]
+    cfg = load_config(TrainConfig, path, overrides)
+    assert cfg.benchmark == path.parent.name and cfg.rollout.strategy == strategy
+    assert (cfg.references is not None) == cfg.rollout.uses_references
+    if student.startswith("qwen2.5"):  # the UOPD paper's settings
+        assert cfg.rollout.budget.total == 512 and cfg.evaluation.temperature == (0.0 if cfg.benchmark == "search"
+                                                                                  else 0.4)
+        assert cfg.num_updates == {"alfworld": 250, "webshop": 150, "search": 300}[cfg.benchmark]
+        assert cfg.env_config is None or cfg.env_config.max_turns == {"alfworld": 50, "webshop": 15,
+                                                                       "search": 8}[cfg.benchmark]
+    if strategy == "uopd":
+        assert cfg.uopd.rate == ((0.5, 0.3) if student == "qwen2.5-1.5b" and cfg.benchmark != "search"
+                                 else (0.3, 0.05))
+        assert cfg.uopd.score == "teacher_confidence" and cfg.uopd.sft_weight == 1.0 and cfg.uopd.teacher_execution
+    if strategy in ("f2b", "b2f"):
+        assert cfg.tcod.eta == {"f2b": 6, "b2f": 5}[strategy]
+
+
+def test_a_base_file_is_merged_section_by_section(tmp_path, paths):
+    (tmp_path / "a.yaml").write_text("base: b.yaml\nrollout:\n  strategy: f2b\n")
+    (tmp_path / "b.yaml").write_text(f"base: {CONFIGS / 'train' / 'alfworld' / 'qwen3-0.6b.yaml'}\n"
+                                     "rollout:\n  batch_tasks: 8\nseed: 3\n")
+    cfg = load_config(TrainConfig, tmp_path / "a.yaml", paths)
+    assert (cfg.rollout.strategy, cfg.rollout.batch_tasks, cfg.seed) == ("f2b", 8, 3)
+    assert cfg.rollout.budget.total == 512  # the sections' other keys come from the base's base
+    (tmp_path / "c.yaml").write_text("base: a.yaml\n")
+    (tmp_path / "b.yaml").write_text("base: c.yaml\n")
+    with pytest.raises(ConfigError, match="a circle of base files"):
+        load_config(TrainConfig, tmp_path / "a.yaml", paths)
+    (tmp_path / "d.yaml").write_text("base: missing.yaml\n")
+    with pytest.raises(ConfigError, match="missing.yaml"):
+        load_config(TrainConfig, tmp_path / "d.yaml", paths)

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, SearchConfig, WebShopConfig, load_config
 from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
-from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
 from actfirst.envs.checks import (
     SEARCH_MISMATCH_ALLOWED,
     CheckResult,
@@ -33,6 +32,7 @@ from actfirst.envs.checks import (
     webshop_check,
     webshop_reference_product,
 )
+from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
 from actfirst.envs.search_text import SEARCH_RESPONSES
 
 if TYPE_CHECKING:

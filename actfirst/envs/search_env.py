@@ -18,8 +18,17 @@ from pathlib import Path
 from actfirst.config import SearchConfig
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.retrieval import retrieve
-from actfirst.envs.search_text import (ANSWER, INVALID_REPLY, SEARCH, episode_prompt, exact_match,
-                                       forced_answer_prompt, information_reply, last_answer, parse_output)
+from actfirst.envs.search_text import (
+    ANSWER,
+    INVALID_REPLY,
+    SEARCH,
+    episode_prompt,
+    exact_match,
+    forced_answer_prompt,
+    information_reply,
+    last_answer,
+    parse_output,
+)
 from actfirst.user_input import ConfigError
 
 

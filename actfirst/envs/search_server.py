@@ -83,7 +83,7 @@ def make_server(index: BM25Index, host: str, port: int, topk: int) -> ThreadingH
     """A server of ``index`` on ``host:port`` (port 0: a free one, see ``server.server_address``); not started."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             if self.path.rstrip("/") != "/retrieve":
                 return self._reply(404, {"error": f"no endpoint {self.path}; POST /retrieve"})
             try:

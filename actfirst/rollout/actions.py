@@ -11,9 +11,7 @@ import dataclasses
 
 from actfirst.engine.core import ActFirstEngine
 from actfirst.engine.request import GenerationResult, RequestKind, SamplingSpec
-# The text rules live with the benchmarks' response formats; re-exported here for the action-only path.
-from actfirst.envs.response_format import (  # noqa: F401
-    ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE, THINK_OPEN, answer_text, extract_action, has_action_field)
+from actfirst.envs.response_format import ACTION_CLOSE, extract_action, has_action_field
 
 
 class GenerationAborted(RuntimeError):

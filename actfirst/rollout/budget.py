@@ -25,9 +25,9 @@ from transformers import PreTrainedTokenizerBase
 from actfirst.engine.core import ActFirstEngine
 from actfirst.engine.request import GenerationResult, RequestKind, SamplingSpec
 from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
-from actfirst.envs.response_format import EARLY_STOP_SENTENCE, early_stop_text  # noqa: F401 (B.3's text, re-exported)
 from actfirst.rollout.actions import check_not_aborted
 from actfirst.train.sample import Sample
+
 
 def second_stage_max_tokens(*, num_first: int, num_inserted: int, total: int, second_stage: int) -> int:
     """Tokens the second request may generate (B.3): at most ``second_stage``, within the total budget after

@@ -25,12 +25,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from actfirst.envs.base import Transition
+from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import Benchmark
+from actfirst.envs.response_format import ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE, THINK_OPEN
 from actfirst.prompts import Mode, Step, build_prompt, render
-from actfirst.envs.base import Reference
 from actfirst.references import replay
-from actfirst.rollout.actions import ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE, THINK_OPEN
 from actfirst.train.packing import final_hidden, pack
 from actfirst.train.sample import Sample
 

@@ -71,8 +71,8 @@ from actfirst.parallel.context import (
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
 from actfirst.references import load_references
-from actfirst.rollout.runner import RolloutBatch, RolloutRunner
 from actfirst.rollout.intervention import Intervention, InterventionRecord, intervention_metrics
+from actfirst.rollout.runner import RolloutBatch, RolloutRunner
 from actfirst.rollout.strategies import Guidance, make_strategy
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics

@@ -16,8 +16,16 @@ from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.retrieval import RetrievalError
 from actfirst.envs.search_env import SearchTextEnv
 from actfirst.envs.search_server import BM25Index, load_corpus, make_server
-from actfirst.envs.search_text import (FORCED_ANSWER, INVALID_ACTION, SEARCH_PROMPT, SEARCH_RESPONSES, exact_match,
-                                       last_answer, normalize_answer, parse_output)
+from actfirst.envs.search_text import (
+    FORCED_ANSWER,
+    INVALID_ACTION,
+    SEARCH_PROMPT,
+    SEARCH_RESPONSES,
+    exact_match,
+    last_answer,
+    normalize_answer,
+    parse_output,
+)
 
 PAPER = next((Path(__file__).parents[3] / "shared" / "papers").glob("003_*.txt"), None)
 PASSAGES = [
@@ -171,7 +179,7 @@ def test_malformed_corpus_refused_by_the_server_command(tmp_path):
 
 def test_fast_action_strategies_refused_up_front(tmp_path):
     (tmp_path / "m").mkdir()
-    base = Path(__file__).parents[2] / "configs" / "train" / "search" / "qwen2.5-1.5b.yaml"
+    base = Path(__file__).parents[2] / "configs" / "train" / "search" / "opd-qwen2.5-1.5b.yaml"
     from actfirst.config import load_config
 
     paths = [f"student.model={tmp_path / 'm'}", f"teacher={tmp_path / 'm'}"]

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from actfirst.engine.request import GenerationResult, RequestKind
-from actfirst.rollout.actions import (GenerationAborted, check_not_aborted, extract_action, generate_fast_action,
-                                      has_action_field)
+from actfirst.envs.response_format import extract_action, has_action_field
+from actfirst.rollout.actions import GenerationAborted, check_not_aborted, generate_fast_action
 
 
 @pytest.mark.parametrize(("text", "action"), [

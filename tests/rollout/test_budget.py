@@ -8,10 +8,10 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
+from actfirst.envs.response_format import EARLY_STOP_SENTENCE, early_stop_text
 from actfirst.models.tokenizers import build_qwen3_tokenizer
 from actfirst.rollout.actions import GenerationAborted
-from actfirst.rollout.budget import (EARLY_STOP_SENTENCE, FullResponse, early_stop_text, generate_full_response,
-                                     second_stage_max_tokens)
+from actfirst.rollout.budget import FullResponse, generate_full_response, second_stage_max_tokens
 from actfirst.train.sample import Sample
 
 PROMPT_HEAD = [11, 12, 13, 14, 15]

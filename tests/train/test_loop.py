@@ -63,7 +63,31 @@ def test_the_loop_turns_and_resumes(run_config):
     assert [r["update"] for r in rows] == [1, 2, 3]
     assert rows[2]["weight_version"] == 3
     assert rows[2]["elapsed_s"] > rows[1]["elapsed_s"]
+    assert rows[2]["rollout/batch_n"] >= rows[1]["rollout/batch_n"]  # n, the curricula's clock, goes on
     check_wall_clock(run_dir, rows)
+
+
+def test_uopd_through_the_loop_keeps_its_score_buffer_across_resume(run_config, tmp_path):
+    """UOPD end to end (the teacher's own engine beside the student's): its figures in every update's metrics, SFT
+    targets in the batch, and a resumed run that thresholds at once from the checkpointed score buffer (a lost
+    buffer would make its first rollout batch random: ``uopd/random_turns``)."""
+    config, _ = run_config
+    cfg = yaml.safe_load(config.read_text())
+    cfg.update(out_dir=str(tmp_path / "run"), rollout={**cfg["rollout"], "strategy": "uopd"},
+               uopd={"rate": [0.5, 0.5], "min_scores": 4, "buffer_size": 64}, references=None)
+    path = tmp_path / "uopd.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    train_cli(path)
+    rows = read_metrics(tmp_path / "run")
+    first = rows[0]
+    assert first["uopd/turns"] > 0 and first["uopd/random_turns"] == first["uopd/turns"]  # an empty buffer
+    assert first["uopd/score_mean"] is not None and 0 <= first["uopd/score_mean"] <= 1
+    train_cli(path, "num_updates=4", "--resume")
+    rows = read_metrics(tmp_path / "run")
+    resumed = next(r for r in rows[2:] if r["uopd/turns"])
+    assert resumed["uopd/random_turns"] == 0 and resumed["uopd/threshold_mean"] is not None
+    assert sum(r["sft_samples"] for r in rows) > 0 and all(r["mismatch_max"] is None or r["mismatch_max"] < 1e-3
+                                                         for r in rows)
 
 
 def check_wall_clock(run_dir, rows):

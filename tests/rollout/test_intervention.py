@@ -1,0 +1,92 @@
+"""UOPD's rule by hand (003 Sec. 4.2, 5.3): the quantile threshold, the rate schedules, the two uncertainty scores,
+the curricula's W_n and P_n (Appendix D.3), and the rule's state across a checkpoint. The rule inside real
+episodes is tested in ``test_runner.py``."""
+
+import asyncio
+import math
+import random
+
+import pytest
+
+from actfirst.config import ConfigError, TCODConfig, UOPDConfig
+from actfirst.rollout.intervention import Intervention, quantile_threshold, scheduled_rate, uncertainty_score
+from actfirst.rollout.strategies import BackwardToForward, Guidance, make_strategy
+
+
+def test_threshold_is_the_one_minus_rate_quantile():
+    scores = [0.1, 0.5, 0.2, 0.9, 0.3]  # sorted: 0.1 0.2 0.3 0.5 0.9
+    assert quantile_threshold(scores, 0.25) == pytest.approx(0.5)  # position 0.75 * 4 = 3
+    assert quantile_threshold(scores, 0.30) == pytest.approx(0.3 + 0.8 * (0.5 - 0.3))  # position 2.8
+    assert quantile_threshold(scores, 0.0) == pytest.approx(0.9)  # nothing above the maximum: no intervention
+    assert quantile_threshold(scores, 1.0) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("rate,values", [
+    ((0.30, 0.05), {0: 0.30, 5: 0.175, 10: 0.05, 14: 0.05}),
+    ((0.50, 0.30), {0: 0.50, 2: 0.46, 10: 0.30}),
+    ((0.15, 0.15), {0: 0.15, 7: 0.15}),
+])
+def test_schedules_at_given_updates(rate, values):
+    for update, expected in values.items():
+        assert scheduled_rate(rate, update, num_updates=11) == pytest.approx(expected)
+
+
+def test_uncertainty_scores_over_sampled_tokens():
+    teacher, student, mask = [-0.5, -1.5, -9.0, -1.0], [-0.2, -0.4, -0.1, -0.3], [1, 1, 0, 1]
+    assert uncertainty_score("teacher_confidence", teacher, student, mask) == pytest.approx(1 - math.exp(-1.0))
+    assert uncertainty_score("logprob_gap", teacher, student, mask) == pytest.approx((0.3 + 1.1 + 0.7) / 3)
+    with pytest.raises(ValueError, match="uopd.score"):
+        uncertainty_score("entropy", teacher, student, mask)
+
+
+def test_the_rule_refuses_bad_settings_by_name():
+    with pytest.raises(ConfigError, match=r"rate=\(0.3, 1.5\)"):
+        UOPDConfig(rate=(0.3, 1.5))
+    with pytest.raises(ConfigError, match="min_scores=600"):
+        UOPDConfig(buffer_size=512, min_scores=600)
+    with pytest.raises(ConfigError, match="eta=0"):
+        TCODConfig(eta=0)
+
+
+def test_threshold_waits_for_min_scores_and_the_state_survives_a_checkpoint():
+    rule = Intervention(UOPDConfig(rate=(0.5, 0.5), buffer_size=4, min_scores=3), rollout=None, teacher_engine=None,
+                        scorer=None, tokenizer=None, num_updates=10, seed=3)
+    rule.scores.extend([0.4, 0.2])
+    assert rule.episode_threshold() is None  # random at r_n until min_scores
+    rule.scores.extend([0.8, 0.6, 0.1])  # the buffer keeps the 4 most recent
+    assert list(rule.scores) == [0.2, 0.8, 0.6, 0.1]
+    assert rule.episode_threshold() == pytest.approx(0.4)
+    rule.rng.random()
+    copy = Intervention(rule.cfg, rollout=None, teacher_engine=None, scorer=None, tokenizer=None, num_updates=10,
+                        seed=99)
+    copy.load_state_dict(rule.state_dict())
+    assert list(copy.scores) == list(rule.scores) and copy.rng.random() == rule.rng.random()
+
+
+@pytest.mark.parametrize("n,w", [(0, 1), (5, 1), (6, 2), (17, 3), (1000, 50)])
+def test_f2b_horizon(n, w):
+    f2b = make_strategy("f2b")  # eta 6 (ALFWorld, D.3)
+    assert f2b.horizon(Guidance(active=False, batch=n), max_turns=50) == w
+    capped = make_strategy("f2b", TCODConfig(eta=6, max_turns=2))
+    assert capped.horizon(Guidance(active=False, batch=n), max_turns=50) == min(w, 2)
+
+
+@pytest.mark.parametrize("length,n,prefix", [(7, 0, 6), (7, 4, 6), (7, 5, 5), (7, 29, 1), (7, 30, 0), (7, 900, 0),
+                                             (1, 0, 0), (2, 0, 1)])
+def test_b2f_prefix(length, n, prefix):
+    b2f = make_strategy("b2f")  # eta 5 (ALFWorld, D.3)
+    assert isinstance(b2f, BackwardToForward) and b2f.prefix_length(length, n) == prefix
+
+
+def test_random_selection_intervenes_at_the_rate():
+    seed = random.randrange(1 << 30)
+    rule = Intervention(UOPDConfig(selection="random", rate=(0.3, 0.3)), rollout=None, teacher_engine=None,
+                        scorer=None, tokenizer=None, num_updates=10, seed=seed)
+
+    async def decide_many():
+        return [await rule.decide([1], None, None) for _ in range(4000)]
+
+    records = asyncio.run(decide_many())
+    share = sum(r.intervened for r in records) / len(records)
+    print(f"seed {seed}: share {share:.3f}")
+    assert abs(share - 0.3) < 0.04 and all(r.score is None for r in records)
