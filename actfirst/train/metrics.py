@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from actfirst.rollout.runner import EpisodeResult
+from actfirst.rollout.strategies import ActionSource
 
 ALIGNMENT_WINDOW = 10
 """Appendix F: windowed rates aggregate the latest 10 completed rollout batches."""
@@ -28,6 +29,7 @@ def rollout_counts(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
         "fully_aligned": sum(e.fully_aligned for e in guided), "aligned_turns": sum(e.aligned_turns for e in guided),
         "fallbacks": len(fallbacks), "fallback_turns": sum(fallbacks),
         "nap_retries": sum(t.proposal is not None for e in episodes for t in e.turns),
+        "replayed": sum(t.source is ActionSource.REFERENCE for e in episodes for t in e.turns),
         "prompts_over_budget": sum(e.prompts.over_budget for e in episodes),
         "id_overflow_naps": sum(e.prompts.id_overflow_naps for e in episodes),
     }
@@ -36,7 +38,8 @@ def rollout_counts(episodes: Sequence[EpisodeResult]) -> dict[str, float]:
 def rollout_rates(counts: dict[str, float]) -> dict[str, float]:
     """Appendix F's rates from summed :func:`rollout_counts` (the latest ``ALIGNMENT_WINDOW`` rollout batches):
     first-action and full-trajectory alignment over guided episodes, aligned-turn coverage over all executed turns,
-    the fallback rate and the mean turn of the first fallback, the rollouts' success rate and turns."""
+    the fallback rate and the mean turn of the first fallback, the rollouts' success rate and turns, and the reference
+    actions replayed per episode (Reference-Prefix Replay, TCOD-B2F's prefix)."""
     c = counts
 
     def ratio(num: str, den: str, when: bool = True) -> float:
@@ -51,6 +54,7 @@ def rollout_rates(counts: dict[str, float]) -> dict[str, float]:
         "fallback/rate": ratio("fallbacks", "guided"),
         "fallback/mean_turn": ratio("fallback_turns", "fallbacks"),
         "rollout/nap_retries": c["nap_retries"],
+        "rollout/replayed_turns": ratio("replayed", "episodes"),
         "prompt/over_budget": c["prompts_over_budget"],
         "prompt/id_overflow_naps": c["id_overflow_naps"],
     }

@@ -519,7 +519,7 @@ class Trainer:
     def log(self, update: int, metrics: dict[str, float], stats: UpdateStats, version: int) -> None:
         """Reduce this update's figures over the ranks; rank 0 writes the metrics line and the terminal line."""
         keys = sorted(rollout_counts([]))  # the same on every rank, whatever its window holds
-        window = {k: sum(c[k] for c in self.recent) for k in keys}
+        window = {k: sum(c.get(k, 0) for c in self.recent) for k in keys}  # a key newer than a checkpoint: 0
         sums = reduce_sum([stats.transitions, stats.batches, stats.generated, stats.discarded, len(self.buffer),
                            stats.dropped, *[window[k] for k in keys]])
         transitions, batches, generated, discarded, buffered, dropped = (int(x) for x in sums[:6])

@@ -20,7 +20,8 @@ WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
 
 
 def test_unknown_names_and_wrong_configs_are_rejected():
-    with pytest.raises(ValueError, match=r"benchmark='webshp': not one of \['alfworld', 'scienceworld', 'webshop'\]"):
+    with pytest.raises(ValueError,
+                       match=r"benchmark='webshp': not one of \['alfworld', 'scienceworld', 'search', 'webshop'\]"):
         get_benchmark("webshp")
     with pytest.raises(ValueError, match=r"benchmark 'webshop' needs a WebShopConfig, got a ALFWorldConfig"):
         get_benchmark("webshop", ALFWorldConfig())

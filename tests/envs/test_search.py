@@ -5,7 +5,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from actfirst.config import ConfigError, RolloutConfig, SchedulerConfig, SearchC
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.retrieval import RetrievalError
 from actfirst.envs.search_env import SearchTextEnv
-from actfirst.envs.search_server import BM25Index, load_corpus, make_server
+from actfirst.envs.search_server import load_corpus
 from actfirst.envs.search_text import (
     FORCED_ANSWER,
     INVALID_ACTION,
@@ -57,15 +56,18 @@ def write_jsonl(path: Path, rows: list) -> str:
 
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory):
-    """The real BM25 server on a free loopback port, over the dozen passages above (Search-R1's corpus format)."""
+    """The real BM25 server, started by its one command on a free loopback port, over the dozen passages above
+    (Search-R1's corpus format). In its own process: bm25s imports numba, and with llvmlite loaded vLLM 0.32 cannot
+    start another engine in this process (its Triton kernel scan trips over llvmlite's ``ffi.lib``)."""
     corpus = write_jsonl(tmp_path_factory.mktemp("corpus") / "corpus.jsonl",
                          [{"id": str(i), "contents": f'"{t}"\n{x}'} for i, (t, x) in enumerate(PASSAGES)])
-    server = make_server(BM25Index(load_corpus(corpus)), "127.0.0.1", 0, topk=3)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/retrieve"
-    server.shutdown()
-    server.server_close()
+    proc = subprocess.Popen([sys.executable, "-m", "actfirst.envs.search_server", "--corpus", corpus, "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()  # "search_server: 12 passages, POST http://127.0.0.1:<port>/retrieve"
+    assert "POST http://" in line, f"the server did not start: {line!r} (exit status {proc.poll()})"
+    yield line.rsplit("POST ", 1)[1].strip()
+    proc.terminate()
+    proc.wait(timeout=30)
 
 
 @pytest.fixture

@@ -364,7 +364,10 @@ def test_f2b_plays_w_n_student_turns_then_ends(engine, tiny_model_dir, alfworld,
 def test_b2f_replays_p_n_reference_actions_without_samples(engine, tiny_model_dir, alfworld, n):
     """P_n = clamp(L - 1 - floor(n / eta), 0, L - 1), eta 5: the replayed turns get no full response and no
     sample; the student plays think-then-act from there."""
+    from actfirst.train.metrics import rollout_counts, rollout_rates
+
     batch, refs = run(engine, tiny_model_dir, alfworld, "b2f", batch_index=n + 1, tcod=TCODConfig(eta=5))
+    replayed_total = 0
     for episode in batch.episodes:
         ref = refs[episode.task]
         prefix = min(max(len(ref.actions) - 1 - n // 5, 0), len(ref.actions) - 1)
@@ -375,6 +378,9 @@ def test_b2f_replays_p_n_reference_actions_without_samples(engine, tiny_model_di
         assert episode.context_turns == list(range(replayed, episode.num_turns))
         assert [s.turn for s in episode_samples(episode, "b2f")] == episode.context_turns
         assert len(episode.full_responses) == episode.num_turns - replayed
+        replayed_total += replayed
+    rates = rollout_rates(rollout_counts(batch.episodes))
+    assert rates["rollout/replayed_turns"] == pytest.approx(replayed_total / len(batch.episodes))
 
 
 @pytest.fixture(scope="module")
