@@ -210,7 +210,7 @@ class WebShopConfig:
                "must be null (all of product_file) or one of WebShop's index sizes 100, 1000, 100000")
 
 
-FAST_ACTION_STRATEGIES = ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100")
+B1_OR_REFERENCE_STRATEGIES = ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "b2f")
 """Strategies that need B.1's next-action-prediction or inverse-dynamics prompts, or reference trajectories: only
 benchmarks whose env config has ``fast_actions`` run them."""
 
@@ -642,10 +642,9 @@ class TrainConfig:
             _check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
                    f"set, but benchmark={self.benchmark!r}")
         env_class = typing.get_args(typing.get_type_hints(TrainConfig)[self.benchmark])[0]
-        _check(self.rollout.strategy not in FAST_ACTION_STRATEGIES or env_class.fast_actions, "rollout.strategy",
-               self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) and reference "
-               f"trajectories, which benchmark {self.benchmark!r} does not have; use a think-then-act strategy "
-               f"(e.g. vanilla)")
+        _check(self.rollout.strategy not in B1_OR_REFERENCE_STRATEGIES or env_class.fast_actions, "rollout.strategy",
+               self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) or reference "
+               f"trajectories, which benchmark {self.benchmark!r} does not have; use vanilla, f2b or uopd")
         _check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
         _check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
         _check(self.references is None or bool(self.references.strip()), "references", self.references,

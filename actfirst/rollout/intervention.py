@@ -29,7 +29,11 @@ enters the buffer. ``uopd.selection: random`` is Sec. 5.3's ablation: every turn
 r_n, and no score is computed.
 
 The rate r_n falls linearly from ``uopd.rate[0]`` at the first update to ``uopd.rate[1]`` at the last; a rollout
-batch takes the rate of the update it is collected for (in the paper one rollout batch is one training step).
+batch takes the rate of the update it is collected for (in the paper one rollout batch is one training step; with
+``overlap`` the batch collected during update u is for update u + 1), and an episode holds r_n with tau_n.
+
+A teacher response without an action (truncated, B.3, or ended without one) is neither executed nor imitated: the
+student's action runs and keeps its OPD sample (counted: ``uopd/teacher_no_action``).
 
 The teacher generates on its own in-process vLLM engine, beside the student's (a second ``ActFirstEngine`` in this
 process, with B.3's budget as the student's full responses): its requests batch, and the student's engine and
@@ -49,6 +53,7 @@ import time
 from typing import Any
 
 import numpy as np
+import torch
 
 from actfirst.config import RolloutConfig, UOPDConfig
 from actfirst.engine.core import ActFirstEngine
@@ -68,6 +73,10 @@ class InterventionRecord:
     rate: float
     """r_n of the episode's rollout batch."""
     intervened: bool
+    """The rule chose the teacher (its response is then used unless ``teacher_no_action``)."""
+    teacher_no_action: bool = False
+    """The teacher's response held no action (truncated, B.3, or ended without one): neither executed nor
+    imitated."""
     score_s: float = 0.0
     """Seconds spent scoring the proposal with the teacher."""
     teacher_s: float = 0.0
@@ -110,23 +119,21 @@ class Intervention:
         self.scores: collections.deque[float] = collections.deque(maxlen=cfg.buffer_size)
         self.rng = random.Random(seed)
         self.update = 0
-        """Updates done before the rollout batches now being collected (set by the trainer)."""
+        """The 0-based update the rollout batch now starting is collected for (set by the trainer)."""
         self._score_lock = threading.Lock()
 
-    def rate(self) -> float:
-        """r_n now."""
-        return scheduled_rate(self.cfg.rate, self.update, self.num_updates)
-
-    def episode_threshold(self) -> float | None:
-        """tau_n for an episode starting now (None: random selection, or too few scores yet)."""
+    def episode_rule(self) -> tuple[float, float | None]:
+        """(r_n, tau_n) for an episode starting now, held for the episode (tau_n None: random selection, or too few
+        scores yet)."""
+        rate = scheduled_rate(self.cfg.rate, self.update, self.num_updates)
         if self.cfg.selection == "random" or len(self.scores) < self.cfg.min_scores:
-            return None
-        return quantile_threshold(list(self.scores), self.rate())
+            return rate, None
+        return rate, quantile_threshold(list(self.scores), rate)
 
-    async def decide(self, context_ids: list[int], proposal: FullResponse, threshold: float | None
+    async def decide(self, context_ids: list[int], proposal: FullResponse, rate: float, threshold: float | None
                      ) -> InterventionRecord:
-        """Whether the teacher replaces ``proposal`` at this turn; the proposal's score joins the buffer."""
-        rate = self.rate()
+        """Whether the teacher replaces ``proposal`` at this turn (the episode's ``rate`` and ``threshold``); the
+        proposal's score joins the buffer."""
         if self.cfg.selection == "random":
             return InterventionRecord(None, None, rate, self.rng.random() < rate)
         t0 = time.perf_counter()
@@ -140,6 +147,8 @@ class Intervention:
         sample = proposal.to_sample(context_ids, task="uopd", turn=0, strategy="uopd")
 
         def work() -> None:
+            if self.scorer.device.type == "cuda":  # the current CUDA device is per thread
+                torch.cuda.set_device(self.scorer.device)
             with self._score_lock:
                 self.scorer.score([sample])
 
@@ -161,6 +170,7 @@ class Intervention:
         return {"scores": list(self.scores), "rng": self.rng.getstate()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`."""
         self.scores.clear()
         self.scores.extend(float(x) for x in state["scores"])
         version, internal, gauss = state["rng"]
@@ -181,6 +191,7 @@ def intervention_metrics(records: list[InterventionRecord]) -> dict[str, float]:
     return {
         "uopd/turns": float(len(records)),
         "uopd/intervention_rate": len(intervened) / len(records) if records else nan,
+        "uopd/teacher_no_action": float(sum(r.teacher_no_action for r in records)),
         "uopd/target_rate": mean([r.rate for r in records]),
         "uopd/threshold_mean": mean(thresholds),
         "uopd/random_turns": float(sum(r.threshold is None for r in records)),

@@ -97,6 +97,9 @@ class EpisodeResult:
     """The turn of each entry of ``contexts`` (empty: one per turn, in order)."""
     teacher_responses: list[FullResponse | None] = dataclasses.field(default_factory=list)
     """UOPD: the teacher's full response at each entry of ``contexts`` where it intervened, else None."""
+    replaced: list[bool] = dataclasses.field(default_factory=list)
+    """UOPD: whether the teacher's action was chosen in place of the proposal at each entry of ``contexts`` (so
+    the proposal carries no loss, even when the environment failed before executing it)."""
     interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
     """UOPD: the decision at each student turn."""
 
@@ -135,8 +138,9 @@ class _Episode:
     guidance: Guidance
     reference: Reference | None
     seed: int
+    rate: float
     threshold: float | None
-    """UOPD's tau_n, held for the episode."""
+    """UOPD's r_n and tau_n, held for the episode."""
     current: Transition | None = None
     last: Transition | None = None
     failure: str | None = None
@@ -146,6 +150,7 @@ class _Episode:
     context_turns: list[int] = dataclasses.field(default_factory=list)
     full_tasks: list[asyncio.Future] = dataclasses.field(default_factory=list)
     teacher_responses: list[FullResponse | None] = dataclasses.field(default_factory=list)
+    replaced: list[bool] = dataclasses.field(default_factory=list)
     interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
     counts: PromptCounts = dataclasses.field(default_factory=PromptCounts)
 
@@ -200,8 +205,9 @@ class RolloutRunner:
         reference = self.references.get(key) if self.strategy.uses_references else None
         if self.strategy.uses_references and reference is None:
             raise KeyError(f"task {key!r}: no reference in the cache")
-        ep = _Episode(guidance=self.strategy.start(batch), reference=reference, seed=seed,
-                      threshold=self.intervention.episode_threshold() if self.intervention is not None else None)
+        rate, threshold = self.intervention.episode_rule() if self.intervention is not None else (0.0, None)
+        ep = _Episode(guidance=self.strategy.start(batch), reference=reference, seed=seed, rate=rate,
+                      threshold=threshold)
         guided_episode = ep.guidance.active
         try:
             ep.current = ep.last = await worker.areset(task)
@@ -224,7 +230,7 @@ class RolloutRunner:
             fully_aligned=guided_episode and guidance.active and done and ep.failure is None, contexts=ep.contexts,
             full_responses=[f for f, _ in fulls], full_response_done=[d for _, d in fulls], failure=ep.failure,
             prompts=ep.counts, context_turns=ep.context_turns, teacher_responses=ep.teacher_responses,
-            interventions=ep.interventions)
+            replaced=ep.replaced, interventions=ep.interventions)
 
     async def _turn(self, ep: _Episode, worker: EnvWorker, t: int) -> bool:
         """Turn ``t``: choose, execute and check its action; returns whether the episode goes on."""
@@ -239,6 +245,7 @@ class RolloutRunner:
             ep.context_turns.append(t)
             ep.full_tasks.append(full)
             ep.teacher_responses.append(None)
+            ep.replaced.append(False)
         action, proposal, source, fast = await self._action(source, full, current, ep.history, reference, t,
                                                             ep.seed + 2 * t + 1, ep.counts)
         if self.intervention is not None and source is ActionSource.FULL_RESPONSE:
@@ -262,15 +269,19 @@ class RolloutRunner:
         """UOPD at a student turn whose proposal (the last context's full response) is ``action``: the action to
         execute and its source."""
         proposal, _ = await ep.full_tasks[-1]
-        record = await self.intervention.decide(ep.contexts[-1], proposal, ep.threshold)
+        record = await self.intervention.decide(ep.contexts[-1], proposal, ep.rate, ep.threshold)
         ep.interventions.append(record)
         if not record.intervened:
             return action, ActionSource.FULL_RESPONSE
         t0 = time.perf_counter()
         teacher = await self.intervention.teacher_response(ep.contexts[-1], seed, self.benchmark.response_format)
         record.teacher_s = time.perf_counter() - t0
+        if not teacher.action:  # truncated (B.3) or ended without one: nothing to execute or imitate
+            record.teacher_no_action = True
+            return action, ActionSource.FULL_RESPONSE
         ep.teacher_responses[-1] = teacher
         if self.intervention.cfg.teacher_execution:
+            ep.replaced[-1] = True
             return teacher.action, ActionSource.TEACHER
         return action, ActionSource.FULL_RESPONSE
 
@@ -332,10 +343,11 @@ def episode_samples(episode: EpisodeResult, strategy: str, *, sft_weight: float 
     of weight ``sft_weight`` (none when it is 0)."""
     turns = episode.context_turns or list(range(len(episode.contexts)))
     teachers = episode.teacher_responses or [None] * len(episode.contexts)
-    replaced = {r.turn for r in episode.turns if r.source is ActionSource.TEACHER}
+    replaced = episode.replaced or [False] * len(episode.contexts)
     samples = []
-    for t, context, response, teacher in zip(turns, episode.contexts, episode.full_responses, teachers):
-        if t not in replaced:
+    for t, context, response, teacher, by_teacher in zip(turns, episode.contexts, episode.full_responses, teachers,
+                                                          replaced):
+        if not by_teacher:
             samples.append(response.to_sample(context, task=episode.task, turn=t, strategy=strategy))
         if teacher is not None and sft_weight > 0:
             target = teacher.to_sample(context, task=episode.task, turn=t, strategy=strategy)

@@ -13,9 +13,10 @@ KL or auxiliary term is added (B.4).
 
 UOPD (003, Sec. 4.2) adds one term: an SFT target b (``Sample.sft_weight`` = beta > 0, the teacher's response at an
 intervened turn) contributes beta / |B| * 1/n_b sum_j -log pi_theta(y_j | c_b) over its n_b sampled tokens, at
-temperature 1 (pi_theta itself), in place of a PPO term; |B| counts both kinds, so that Eq. 32 keeps its form. A batch is split into mini-batches (one AdamW step each, Eq. 32 over the
-mini-batch) and those into packed micro-batches (gradient accumulation; samples are never split, so each
-micro-batch's share of Eq. 32 is exact).
+temperature 1 (pi_theta itself), in place of a PPO term; |B| counts both kinds, so that Eq. 32 keeps its form.
+
+A batch is split into mini-batches (one AdamW step each, Eq. 32 over the mini-batch) and those into packed
+micro-batches (gradient accumulation; samples are never split, so each micro-batch's share of Eq. 32 is exact).
 
 With several ranks each holds its share of every mini-batch; |B| in Eq. 32 is the mini-batch over all ranks, and
 FSDP2 sums (does not average) the gradients, so an update on R ranks equals one on a single rank over the union of

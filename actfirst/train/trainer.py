@@ -307,14 +307,15 @@ class Trainer:
         contexts = [c for state in rank_states for c in state["probe_contexts"]]
         self.probe_contexts = contexts[rank::world]
         self.batch_index = max(state["batch_index"] for state in rank_states)
-        if self.intervention is not None:  # the score buffers pooled, dealt like the samples
-            scores = [x for state in rank_states for x in state["intervention"]["scores"]]
-            self.intervention.scores.extend(scores[rank::world])
         seed = (self.cfg.seed * 1_000_003 + rank * 7_919 + update) % (1 << 31)
         self.stream = TaskStream(self.tasks, seed)
         random.seed(seed)
         np.random.seed(seed)
         torch.manual_seed(seed)
+        if self.intervention is not None:  # the score buffers pooled, dealt like the samples; a fresh stream
+            scores = [x for state in rank_states for x in state["intervention"]["scores"]]
+            self.intervention.scores.extend(scores[rank::world])
+            self.intervention.rng.seed(seed)
 
     def _open_outputs(self) -> None:
         """Rank 0: the config, the metrics sink, and on resume the series cut back to the checkpoint."""
@@ -390,9 +391,7 @@ class Trainer:
         clock = time.perf_counter()
         stats = UpdateStats(generated=-self.engine.num_generated_tokens, discarded=-self.engine.num_discarded_tokens,
                             dropped=-self.buffer.num_dropped)
-        if self.intervention is not None:
-            self.intervention.update = update - 1  # r_n of the rollout batches collected for this update
-        samples = await self.collect_rollouts(stats)
+        samples = await self.collect_rollouts(stats, update)
         metrics = await self.score_and_update(samples)
         version = await self.sync_weights(metrics, stats)
         stats.close(self.engine, self.buffer, time.perf_counter() - clock)  # the probes below are not the update's
@@ -408,19 +407,22 @@ class Trainer:
 
     # -- 1. rollouts ----------------------------------------------------------------------------------------------
 
-    async def collect_rollouts(self, stats: UpdateStats) -> list[Sample]:
+    async def collect_rollouts(self, stats: UpdateStats, update: int) -> list[Sample]:
         """Rollout batches until this rank's buffer holds its share of the update's batch (current or preceding
         weight version); with ``overlap``, the next rollout batch starts before returning."""
         version = self.engine.weight_version
         while self.buffer.num_eligible(version) < self.quota:
-            batch, self.pending = await (self.pending or self._start_batch()), None
+            batch, self.pending = await (self.pending or self._start_batch(update)), None
             self._finish_batch(batch, stats)
         samples = self.buffer.take(self.quota, version)
         if self.cfg.overlap and self.buffer.num_eligible(version + 1) < self.quota:
-            self.pending, stats.overlapped = self._start_batch(), True  # collected while the update runs
+            self.pending, stats.overlapped = self._start_batch(update + 1), True  # collected while the update runs
         return samples
 
-    def _start_batch(self) -> asyncio.Future:
+    def _start_batch(self, update: int) -> asyncio.Future:
+        """The next rollout batch, collected for ``update`` (UOPD's r_n is that update's)."""
+        if self.intervention is not None:
+            self.intervention.update = update - 1
         self.batch_index += 1
         return asyncio.ensure_future(self.runner.run_batch(self.stream.next(self.batch_tasks), self.batch_index))
 
@@ -526,7 +528,7 @@ class Trainer:
         slowest = reduce_max([stats.rollout_s, stats.wall_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
                                        "failures": stats.failures, "records": stats.records,
-                                       "interventions": stats.interventions})
+                                       "interventions": stats.interventions, "batch_n": self.batch_index - 1})
         self.total_transitions += transitions
         if not self.ctx.lead:
             return
@@ -545,7 +547,8 @@ class Trainer:
             "queue": summarize_records([r for p in per_rank for r in p["records"]]),
             "rollout/horizon": self.strategy.horizon(Guidance(active=False, batch=self.batch_index - 1),
                                                      self.benchmark.max_turns),
-            "rollout/batch_n": self.batch_index - 1,
+            "rollout/batch_n": min(p["batch_n"] for p in per_rank),
+            "rollout/batch_n_max": max(p["batch_n"] for p in per_rank),  # each rank counts its own rollout batches
         }
         if self.intervention is not None:
             record.update(intervention_metrics([r for p in per_rank for r in p["interventions"]]))
@@ -629,9 +632,12 @@ def kernel_paths() -> dict[str, str]:
 
 
 def _check_resumable(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Refuse to resume a run under a different config (a different strategy, benchmark, model...)."""
+    """Refuse to resume a run under a different config (a different strategy, benchmark, model...). A section the
+    checkpointed run's config does not have (written before the section existed) counts as its default."""
+    defaults = {f.name: to_dict(f.default_factory()) for f in dataclasses.fields(TrainConfig)
+                if f.default_factory is not dataclasses.MISSING}
     differ = [k for k in sorted(set(saved) | set(current))
-              if k not in RESUMABLE_CHANGES and saved.get(k) != current.get(k)]
+              if k not in RESUMABLE_CHANGES and saved.get(k, defaults.get(k)) != current.get(k)]
     if differ:
         raise ValueError(f"resume: the config differs from the checkpointed run's in {differ} (only "
                          f"{list(RESUMABLE_CHANGES)} may change); use another out_dir for a new run")

@@ -189,7 +189,7 @@ def test_fast_action_strategies_refused_up_front(tmp_path):
     assert cfg.rollout.strategy == "vanilla" and cfg.references is None and cfg.seed == 42
     assert (cfg.num_updates, cfg.rollout.batch_tasks, cfg.batch_samples) == (300, 64, 64)  # Sec. 5.1, D.4
     assert (cfg.evaluation.temperature, cfg.evaluation.seeds, cfg.env_config.max_turns) == (0.0, [42], 8)  # D.5
-    for strategy in ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100"):
+    for strategy in ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "b2f"):
         with pytest.raises(ConfigError, match=f"rollout.strategy='{strategy}': .*benchmark 'search'"):
             load_config(TrainConfig, base, paths + [f"rollout.strategy={strategy}"])
 

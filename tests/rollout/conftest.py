@@ -59,3 +59,22 @@ def ids(tokenizer) -> Callable[..., list[int]]:
         return out
 
     return ids
+
+
+@pytest.fixture(scope="session")
+def teacher(tiny_model_dir, tokenizer):
+    """UOPD's teacher: its own engine beside the student's, whose hand-set bigram weights (:func:`chain_weights`)
+    answer every chat prompt with ``<action>look</action>``, and a scorer of the tiny random model."""
+    from actfirst.config import EngineConfig, SchedulerConfig
+    from actfirst.engine.core import ActFirstEngine
+    from actfirst.train.teacher import TeacherScorer
+
+    cfg = EngineConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=2048, max_num_seqs=16,
+                       max_num_batched_tokens=4096, kv_cache_gib=1)
+    engine = ActFirstEngine.from_config(cfg, SchedulerConfig(b_max=8))
+    prompt_end = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=False)[-1]
+    chain = [prompt_end, *tokenizer.encode("<action>look</action>", add_special_tokens=False),
+             tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    engine.update_weights(chain_weights(load_file(f"{tiny_model_dir}/model.safetensors"), chain).items())
+    return engine, TeacherScorer.load(tiny_model_dir, student_tokenizer=tiny_model_dir)

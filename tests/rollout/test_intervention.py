@@ -1,5 +1,6 @@
 """UOPD's rule by hand (003 Sec. 4.2, 5.3): the quantile threshold, the rate schedules, the two uncertainty scores,
-the curricula's W_n and P_n (Appendix D.3), and the rule's state across a checkpoint. The rule inside real
+the curricula's W_n and P_n (Appendix D.3), the rule's state across a checkpoint, and the samples of a turn whose
+proposal the teacher replaced. The rule inside real
 episodes is tested in ``test_runner.py``."""
 
 import asyncio
@@ -9,7 +10,9 @@ import random
 import pytest
 
 from actfirst.config import ConfigError, TCODConfig, UOPDConfig
+from actfirst.rollout.budget import FullResponse
 from actfirst.rollout.intervention import Intervention, quantile_threshold, scheduled_rate, uncertainty_score
+from actfirst.rollout.runner import EpisodeResult, episode_samples
 from actfirst.rollout.strategies import BackwardToForward, Guidance, make_strategy
 
 
@@ -52,10 +55,12 @@ def test_threshold_waits_for_min_scores_and_the_state_survives_a_checkpoint():
     rule = Intervention(UOPDConfig(rate=(0.5, 0.5), buffer_size=4, min_scores=3), rollout=None, teacher_engine=None,
                         scorer=None, tokenizer=None, num_updates=10, seed=3)
     rule.scores.extend([0.4, 0.2])
-    assert rule.episode_threshold() is None  # random at r_n until min_scores
+    assert rule.episode_rule() == (0.5, None)  # random at r_n until min_scores
     rule.scores.extend([0.8, 0.6, 0.1])  # the buffer keeps the 4 most recent
     assert list(rule.scores) == [0.2, 0.8, 0.6, 0.1]
-    assert rule.episode_threshold() == pytest.approx(0.4)
+    assert rule.episode_rule() == pytest.approx((0.5, 0.4))
+    rule.update = 9  # the schedule is constant here; the rate comes from the update the batch is collected for
+    assert rule.episode_rule()[0] == 0.5
     rule.rng.random()
     copy = Intervention(rule.cfg, rollout=None, teacher_engine=None, scorer=None, tokenizer=None, num_updates=10,
                         seed=99)
@@ -78,15 +83,37 @@ def test_b2f_prefix(length, n, prefix):
     assert isinstance(b2f, BackwardToForward) and b2f.prefix_length(length, n) == prefix
 
 
-def test_random_selection_intervenes_at_the_rate():
+@pytest.mark.parametrize("rate", [0.3, 0.0, 1.0])
+def test_random_selection_intervenes_at_the_rate(rate):
     seed = random.randrange(1 << 30)
-    rule = Intervention(UOPDConfig(selection="random", rate=(0.3, 0.3)), rollout=None, teacher_engine=None,
+    rule = Intervention(UOPDConfig(selection="random", rate=(rate, rate)), rollout=None, teacher_engine=None,
                         scorer=None, tokenizer=None, num_updates=10, seed=seed)
 
     async def decide_many():
-        return [await rule.decide([1], None, None) for _ in range(4000)]
+        return [await rule.decide([1], None, *rule.episode_rule()) for _ in range(4000)]
 
     records = asyncio.run(decide_many())
     share = sum(r.intervened for r in records) / len(records)
     print(f"seed {seed}: share {share:.3f}")
-    assert abs(share - 0.3) < 0.04 and all(r.score is None for r in records)
+    assert abs(share - rate) < 0.04 and all(r.score is None and r.rate == rate for r in records)
+    if rate in (0.0, 1.0):  # never and always
+        assert share == rate
+
+
+def full_response(tokens: list[int], action: str = "look") -> FullResponse:
+    return FullResponse(token_ids=tokens, loss_mask=[1] * len(tokens), logprobs=[-1.0] * len(tokens), text="",
+                        action=action, truncated=not action, weight_version=3, num_requests=1, num_inserted=0,
+                        queue_wait_s=0.0, latency_s=0.0)
+
+
+def test_a_replaced_proposal_carries_no_loss_even_when_the_step_failed():
+    """The environment failed before executing the teacher's action at turn 1 (no TurnRecord for it): the proposal
+    the rule replaced still yields no OPD sample, and the teacher's response is the turn's SFT target."""
+    proposals, teacher = [full_response([1, 2]), full_response([3, 4])], full_response([5, 6, 7])
+    episode = EpisodeResult(task="t", task_type="x", turns=[], score=0.0, won=False, done=False, guided=False,
+                            fallback_turn=None, aligned_turns=0, fully_aligned=False, contexts=[[9], [9, 8]],
+                            full_responses=proposals, full_response_done=[0.0, 0.0], failure="EnvError: boom",
+                            teacher_responses=[None, teacher], replaced=[False, True])
+    samples = episode_samples(episode, "uopd", sft_weight=2.0)
+    assert [(s.turn, s.response_ids, s.sft_weight) for s in samples] == [(0, [1, 2], 0.0), (1, [5, 6, 7], 2.0)]
+    assert samples[1].weight_version == 3 and samples[1].context_ids == [9, 8]

@@ -379,22 +379,9 @@ def test_b2f_replays_p_n_reference_actions_without_samples(engine, tiny_model_di
         assert [s.turn for s in episode_samples(episode, "b2f")] == episode.context_turns
         assert len(episode.full_responses) == episode.num_turns - replayed
         replayed_total += replayed
+    assert replayed_total > 0 and any(e.context_turns for e in batch.episodes)  # both parts ran somewhere
     rates = rollout_rates(rollout_counts(batch.episodes))
     assert rates["rollout/replayed_turns"] == pytest.approx(replayed_total / len(batch.episodes))
-
-
-@pytest.fixture(scope="module")
-def teacher(tiny_model_dir):
-    """The teacher's own engine beside the student's (UOPD's generation path) and its scorer; the tiny model
-    plays both parts."""
-    from actfirst.config import EngineConfig
-    from actfirst.engine.core import ActFirstEngine
-    from actfirst.train.teacher import TeacherScorer
-
-    engine_cfg = EngineConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=2048, max_num_seqs=16,
-                              max_num_batched_tokens=4096, kv_cache_gib=1)
-    return (ActFirstEngine.from_config(engine_cfg, SchedulerConfig(b_max=8)),
-            TeacherScorer.load(tiny_model_dir, student_tokenizer=tiny_model_dir))
 
 
 def intervention(teacher, tiny_model_dir, **uopd):
@@ -430,7 +417,7 @@ def test_uopd_holds_the_threshold_and_executes_the_teacher_exactly_above_it(engi
             assert (turn.source is ActionSource.TEACHER) == record.intervened
             teacher_response = episode.teacher_responses[turn.turn]
             if record.intervened:
-                assert turn.action == teacher_response.action and record.teacher_s > 0
+                assert turn.action == teacher_response.action == "look" and record.teacher_s > 0
                 (target,) = [s for s in samples if s.turn == turn.turn]  # no OPD sample of the replaced proposal
                 assert target.sft_weight == 1.0 and target.response_ids == teacher_response.token_ids
             else:
@@ -439,11 +426,25 @@ def test_uopd_holds_the_threshold_and_executes_the_teacher_exactly_above_it(engi
                 assert opd.sft_weight == 0 and opd.response_ids == episode.full_responses[turn.turn].token_ids
 
 
+def test_uopd_a_teacher_response_without_an_action_is_neither_executed_nor_imitated(engine, tiny_model_dir,
+                                                                                    alfworld, teacher):
+    """A one-token budget truncates every teacher response (no closed action field, B.3): the student's action runs
+    and its response stays an OPD sample; no SFT target."""
+    rule = intervention(teacher, tiny_model_dir, selection="random", rate=(1.0, 1.0))
+    rule.rollout = RolloutConfig(strategy="uopd", budget=ThinkingBudgetConfig(first_stage=1, total=1,
+                                                                              second_stage=1))
+    batch, _ = run(engine, tiny_model_dir, alfworld, "uopd", intervention=rule)
+    records = [r for e in batch.episodes for r in e.interventions]
+    assert records and all(r.intervened and r.teacher_no_action for r in records)
+    assert all(t.source is ActionSource.FULL_RESPONSE for e in batch.episodes for t in e.turns)
+    assert all(s.sft_weight == 0 for s in batch.samples) and len(batch.samples) == batch.num_transitions
+
+
 @pytest.mark.parametrize("execution", [True, False])
 def test_uopd_ablations(engine, tiny_model_dir, alfworld, teacher, execution):
     """Sec. 5.3: random intervention (every turn at rate 1, no score); w/o SFT (beta 0: no SFT target); SFT target
     only (teacher_execution false: the student's action executed, its response an OPD sample beside the teacher's
-    SFT target). A rate of 0 never intervenes: test_intervention.py."""
+    SFT target). Rates 0 and 1 by themselves: test_intervention.py."""
     rule = intervention(teacher, tiny_model_dir, selection="random", rate=(1.0, 1.0), teacher_execution=execution)
     batch, _ = run(engine, tiny_model_dir, alfworld, "uopd", intervention=rule)
     for episode in batch.episodes:
