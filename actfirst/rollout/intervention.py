@@ -131,19 +131,22 @@ class Intervention:
         return rate, quantile_threshold(list(self.scores), rate)
 
     async def decide(self, context_ids: list[int], proposal: FullResponse, rate: float, threshold: float | None
-                     ) -> InterventionRecord:
-        """Whether the teacher replaces ``proposal`` at this turn (the episode's ``rate`` and ``threshold``); the
-        proposal's score joins the buffer."""
+                     ) -> tuple[InterventionRecord, list[float] | None]:
+        """Whether the teacher replaces ``proposal`` at this turn (the episode's ``rate`` and ``threshold``), and the
+        teacher's log-probs of the proposal's tokens (None with random selection: nothing was scored; the update
+        scores its sample then). The proposal's score joins the buffer."""
         if self.cfg.selection == "random":
-            return InterventionRecord(None, None, rate, self.rng.random() < rate)
+            return InterventionRecord(None, None, rate, self.rng.random() < rate), None
         t0 = time.perf_counter()
-        score = await self.score(context_ids, proposal)
+        score, teacher_logprobs = await self.score(context_ids, proposal)
         self.scores.append(score)
         intervened = self.rng.random() < rate if threshold is None else score > threshold
-        return InterventionRecord(score, threshold, rate, intervened, score_s=time.perf_counter() - t0)
+        record = InterventionRecord(score, threshold, rate, intervened, score_s=time.perf_counter() - t0)
+        return record, teacher_logprobs
 
-    async def score(self, context_ids: list[int], proposal: FullResponse) -> float:
-        """delta_t of ``proposal`` at ``context_ids`` (the teacher's forward in a thread: the loop keeps serving)."""
+    async def score(self, context_ids: list[int], proposal: FullResponse) -> tuple[float, list[float]]:
+        """delta_t of ``proposal`` at ``context_ids`` and the teacher's log-probs it came from (the teacher's forward
+        in a thread: the loop keeps serving)."""
         sample = proposal.to_sample(context_ids, task="uopd", turn=0, strategy="uopd")
 
         def work() -> None:
@@ -153,7 +156,8 @@ class Intervention:
                 self.scorer.score([sample])
 
         await asyncio.to_thread(work)
-        return uncertainty_score(self.cfg.score, sample.teacher_logprobs, sample.logprobs, sample.loss_mask)
+        delta = uncertainty_score(self.cfg.score, sample.teacher_logprobs, sample.logprobs, sample.loss_mask)
+        return delta, sample.teacher_logprobs
 
     async def teacher_response(self, context_ids: list[int], seed: int, response_format: ResponseFormat
                                ) -> FullResponse:

@@ -100,6 +100,9 @@ class EpisodeResult:
     replaced: list[bool] = dataclasses.field(default_factory=list)
     """UOPD: whether the teacher's action was chosen in place of the proposal at each entry of ``contexts`` (so
     the proposal carries no loss, even when the environment failed before executing it)."""
+    proposal_scores: list[list[float] | None] = dataclasses.field(default_factory=list)
+    """UOPD: the teacher's log-probs of each entry's full response, when the rule scored it (its sample carries
+    them, and the update does not score it again)."""
     interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
     """UOPD: the decision at each student turn."""
 
@@ -151,6 +154,7 @@ class _Episode:
     full_tasks: list[asyncio.Future] = dataclasses.field(default_factory=list)
     teacher_responses: list[FullResponse | None] = dataclasses.field(default_factory=list)
     replaced: list[bool] = dataclasses.field(default_factory=list)
+    proposal_scores: list[list[float] | None] = dataclasses.field(default_factory=list)
     interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
     counts: PromptCounts = dataclasses.field(default_factory=PromptCounts)
 
@@ -230,7 +234,7 @@ class RolloutRunner:
             fully_aligned=guided_episode and guidance.active and done and ep.failure is None, contexts=ep.contexts,
             full_responses=[f for f, _ in fulls], full_response_done=[d for _, d in fulls], failure=ep.failure,
             prompts=ep.counts, context_turns=ep.context_turns, teacher_responses=ep.teacher_responses,
-            replaced=ep.replaced, interventions=ep.interventions)
+            replaced=ep.replaced, proposal_scores=ep.proposal_scores, interventions=ep.interventions)
 
     async def _turn(self, ep: _Episode, worker: EnvWorker, t: int) -> bool:
         """Turn ``t``: choose, execute and check its action; returns whether the episode goes on."""
@@ -246,6 +250,7 @@ class RolloutRunner:
             ep.full_tasks.append(full)
             ep.teacher_responses.append(None)
             ep.replaced.append(False)
+            ep.proposal_scores.append(None)
         action, proposal, source, fast = await self._action(source, full, current, ep.history, reference, t,
                                                             ep.seed + 2 * t + 1, ep.counts)
         if self.intervention is not None and source is ActionSource.FULL_RESPONSE:
@@ -269,7 +274,8 @@ class RolloutRunner:
         """UOPD at a student turn whose proposal (the last context's full response) is ``action``: the action to
         execute and its source."""
         proposal, _ = await ep.full_tasks[-1]
-        record = await self.intervention.decide(ep.contexts[-1], proposal, ep.rate, ep.threshold)
+        record, ep.proposal_scores[-1] = await self.intervention.decide(ep.contexts[-1], proposal, ep.rate,
+                                                                         ep.threshold)
         ep.interventions.append(record)
         if not record.intervened:
             return action, ActionSource.FULL_RESPONSE
@@ -344,11 +350,14 @@ def episode_samples(episode: EpisodeResult, strategy: str, *, sft_weight: float 
     turns = episode.context_turns or list(range(len(episode.contexts)))
     teachers = episode.teacher_responses or [None] * len(episode.contexts)
     replaced = episode.replaced or [False] * len(episode.contexts)
+    scores = episode.proposal_scores or [None] * len(episode.contexts)
     samples = []
-    for t, context, response, teacher, by_teacher in zip(turns, episode.contexts, episode.full_responses, teachers,
-                                                          replaced):
+    for t, context, response, teacher, by_teacher, score in zip(turns, episode.contexts, episode.full_responses,
+                                                                 teachers, replaced, scores):
         if not by_teacher:
-            samples.append(response.to_sample(context, task=episode.task, turn=t, strategy=strategy))
+            sample = response.to_sample(context, task=episode.task, turn=t, strategy=strategy)
+            sample.teacher_logprobs = score
+            samples.append(sample)
         if teacher is not None and sft_weight > 0:
             target = teacher.to_sample(context, task=episode.task, turn=t, strategy=strategy)
             target.weight_version, target.sft_weight = response.weight_version, sft_weight

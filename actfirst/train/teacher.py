@@ -72,14 +72,15 @@ class TeacherScorer:
 
     @torch.no_grad()
     def score(self, samples: list[Sample]) -> None:
-        """Set each sample's ``teacher_logprobs``: log pi_teacher(x_{b,j} | c_{b,j}) at temperature 1, every token."""
+        """Set each sample's ``teacher_logprobs``: log pi_teacher(x_{b,j} | c_{b,j}) at temperature 1, every token.
+        A sample that has them already (UOPD scored its proposal during the rollout) keeps them: the teacher is
+        frozen, so they would come out the same."""
         for i, s in enumerate(samples):
             bad = [t for t in s.context_ids + s.response_ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"token id {bad[0]} of sample {i} (task {s.task!r}, turn {s.turn}) is outside the "
                                  f"teacher's vocabulary [0, {self.vocab_size}) ({self.model_dir})")
-        for s in samples:
-            s.teacher_logprobs = None  # re-scored as a whole
+        samples = [s for s in samples if s.teacher_logprobs is None]  # frozen: a score given once stands
         micro_batches = pack(samples, self.micro_batch_tokens)
         for mb in pad_across_ranks(micro_batches) if self.sharded else micro_batches:
             mb = mb.to(self.device)

@@ -90,7 +90,7 @@ def test_random_selection_intervenes_at_the_rate(rate):
                         scorer=None, tokenizer=None, num_updates=10, seed=seed)
 
     async def decide_many():
-        return [await rule.decide([1], None, *rule.episode_rule()) for _ in range(4000)]
+        return [(await rule.decide([1], None, *rule.episode_rule()))[0] for _ in range(4000)]
 
     records = asyncio.run(decide_many())
     share = sum(r.intervened for r in records) / len(records)

@@ -424,6 +424,8 @@ def test_uopd_holds_the_threshold_and_executes_the_teacher_exactly_above_it(engi
                 assert teacher_response is None
                 (opd,) = [s for s in samples if s.turn == turn.turn]
                 assert opd.sft_weight == 0 and opd.response_ids == episode.full_responses[turn.turn].token_ids
+                # scored once, during the rollout: the update's scoring keeps these
+                assert opd.teacher_logprobs is not None and len(opd.teacher_logprobs) == len(opd.response_ids)
 
 
 def test_uopd_a_teacher_response_without_an_action_is_neither_executed_nor_imitated(engine, tiny_model_dir,

@@ -83,3 +83,20 @@ def test_refuses_ids_outside_the_teacher_vocabulary(tiny_model_dir, vocab_size, 
     samples[1].response_ids[0] = 10**6
     with pytest.raises(ValueError, match="token id 1000000 of sample 1"):
         scorer.score(samples)
+
+
+def test_a_sample_already_scored_keeps_its_scores(tiny_model_dir, vocab_size, gen):
+    """The teacher is frozen: what it scored once (UOPD's proposals, during the rollout) is not scored again, and
+    scoring the rest alone gives what scoring all of them gives."""
+    scorer = TeacherScorer.load(tiny_model_dir, student_tokenizer=tiny_model_dir)
+    samples = random_samples(gen, 4, vocab_size, scored=False)
+    scorer.score(samples)
+    reference = [list(s.teacher_logprobs) for s in samples]
+    marker = [0.5] * len(samples[1].response_ids)
+    samples[1].teacher_logprobs = marker
+    for s in (samples[0], samples[2], samples[3]):
+        s.teacher_logprobs = None
+    scorer.score(samples)
+    assert samples[1].teacher_logprobs is marker
+    for i in (0, 2, 3):
+        assert samples[i].teacher_logprobs == pytest.approx(reference[i], abs=1e-5)
