@@ -109,6 +109,69 @@ def difference_interval(successes_a: int, n_a: int, successes_b: int, n_b: int,
     return d, d - math.sqrt((p_b - lo_b) ** 2 + (hi_a - p_a) ** 2), d + math.sqrt((hi_b - p_b) ** 2 + (p_a - lo_a) ** 2)
 
 
+def paired_difference_interval(both: int, first_only: int, second_only: int, neither: int,
+                               z: float = WILSON_Z) -> tuple[float, float, float]:
+    """The difference p_2 - p_1 of two proportions measured on the same n units (a paired 2x2 table: ``both``
+    succeeded in the two measurements, ``first_only``, ``second_only``, ``neither``) with its confidence interval,
+    as proportions: (difference, low, high); NaNs for an empty table.
+
+    Newcombe's method 10 ("Improved confidence intervals for the difference between binomial proportions based on
+    paired data", Statistics in Medicine 17, 2635-2650, 1998), the square-and-add interval of Fagerland, Lydersen
+    and Laake (*Statistical Analysis of Contingency Tables*, 2017, Ch. 8): the two Wilson intervals combined with
+    the correlation phi of the two margins, whose numerator AD - BC is continuity-corrected (reduced by n/2 when it
+    exceeds n/2, zero in [0, n/2], kept when negative); phi is 0 when a margin is empty."""
+    n = both + first_only + second_only + neither
+    if min(both, first_only, second_only, neither) < 0:
+        raise ValueError(f"paired table ({both}, {first_only}, {second_only}, {neither}): counts must be >= 0")
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    first, second = both + first_only, both + second_only  # successes in each measurement
+    p_1, p_2 = first / n, second / n
+    lo_1, hi_1 = wilson_interval(first, n, z)
+    lo_2, hi_2 = wilson_interval(second, n, z)
+    margins = first * (n - first) * second * (n - second)
+    cross = both * neither - first_only * second_only
+    corrected = cross - n / 2 if cross > n / 2 else (0.0 if cross >= 0 else cross)
+    phi = corrected / math.sqrt(margins) if margins > 0 else 0.0
+    d = p_2 - p_1
+    below = (p_2 - lo_2) ** 2 + (hi_1 - p_1) ** 2 - 2 * phi * (p_2 - lo_2) * (hi_1 - p_1)
+    above = (hi_2 - p_2) ** 2 + (p_1 - lo_1) ** 2 - 2 * phi * (hi_2 - p_2) * (p_1 - lo_1)
+    return d, d - math.sqrt(max(below, 0.0)), d + math.sqrt(max(above, 0.0))
+
+
+def paired_table(first: Sequence[EpisodeRecord], second: Sequence[EpisodeRecord]) -> tuple[int, int, int, int]:
+    """The paired 2x2 table of two evaluations' successes, episodes matched by (seed, task index): (both,
+    first only, second only, neither). Raises unless the two played the same episodes."""
+    a = {(r.seed, r.index): r.success for r in first}
+    b = {(r.seed, r.index): r.success for r in second}
+    if a.keys() != b.keys() or len(a) != len(first) or len(b) != len(second):
+        raise ValueError(f"the evaluations played different episodes ({len(a)} and {len(b)} (seed, task) pairs, "
+                         f"{len(a.keys() & b.keys())} shared): they are not paired")
+    pairs = [(a[key], b[key]) for key in a]
+    return (sum(x and y for x, y in pairs), sum(x and not y for x, y in pairs),
+            sum(y and not x for x, y in pairs), sum(not x and not y for x, y in pairs))
+
+
+def sr_change(first: Sequence[EpisodeRecord], last: Sequence[EpisodeRecord]) -> dict[str, Any] | None:
+    """The SR change from one evaluation to another of the same episodes, in points: the paired 95% interval
+    (:func:`paired_difference_interval`, the one that decides ``beyond_noise``) and the unpaired one
+    (:func:`difference_interval`, conservative here) beside it, with the paired table. None for an empty one."""
+    if not first or not last:
+        return None
+    table = paired_table(first, last)
+    d, lo, hi = paired_difference_interval(*table)
+    _, ulo, uhi = difference_interval(table[0] + table[1], len(first), table[0] + table[2], len(last))
+    return {"points": 100 * d, "ci95": [100 * lo, 100 * hi], "beyond_noise": lo > 0 or hi < 0,
+            "method": "paired: Newcombe (1998) method 10, episodes matched by (seed, task)",
+            "ci95_unpaired": [100 * ulo, 100 * uhi], "table": dict(zip(("both", "first_only", "last_only",
+                                                                          "neither"), table))}
+
+
+def load_episodes(path: str | Path) -> list[EpisodeRecord]:
+    """The episodes of a stored evaluation report (:meth:`EvalReport.to_json`)."""
+    return [EpisodeRecord(**e) for e in json.loads(Path(path).read_text())["episodes"]]
+
+
 def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
     """Eq. 33 over ``records``: SR (percent), Score, Round, and the episode count n."""
     n = len(records)

@@ -28,15 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from actfirst.config import DEMO_CONFIG, ConfigError, TrainConfig
-from actfirst.eval_report import difference_interval, teacher_summary
+from actfirst.eval_report import load_episodes, sr_change, teacher_summary
+from actfirst.train.clock import LAUNCH_ENV, PARTS, launch_info
 from actfirst.user_input import command
 
 if TYPE_CHECKING:
     from actfirst.train.trainer import TrainResult
-
-LAUNCH_ENV = "ACTFIRST_LAUNCH"
-"""What the launching process tells its ranks (JSON): when the run started and what preparation took."""
-
 
 def load_run_config(config: str | None, overrides: list[str]) -> TrainConfig:
     """The run's config (``None``: the CPU demo's). Paths that ``actfirst.prepare`` builds may not exist yet;
@@ -153,44 +150,53 @@ def run_rank(args: argparse.Namespace, cfg: TrainConfig) -> int:
 
 
 def write_summary(cfg: TrainConfig, args: argparse.Namespace, result: TrainResult) -> dict:
-    """``<out_dir>/run_summary.json``: teacher and student SRs, the SR change, wall-clock by stage."""
-    launch_info = json.loads(os.environ.get(LAUNCH_ENV, "{}"))
+    """``<out_dir>/run_summary.json``: teacher and student SRs, the SR change, the wall-clock of every session of
+    the run (``wall_clock.json``: its parts sum to ``total_s``; speedups use ``train_s``)."""
+    from actfirst.train.plots import read_records, read_wall_clock
+
     evals = result.evals
-    started = launch_info.get("started")
-    summary = {"config": str(args.config or DEMO_CONFIG), "prepare_s": launch_info.get("prepare_s", 0.0),
-               "prepare_stages_s": launch_info.get("prepare_stages_s", {}), "train_wall_s": result.wall_s,
-               "probe_wall_s": result.probe_s,
-               "eval_wall_s": sum(e["eval_wall_s"] for e in evals),
-               "total_s": time.time() - started if started else None, "teacher": teacher_summary(cfg.teacher),
+    clock = read_wall_clock(cfg.out_dir) or {}
+    last = (read_records(Path(cfg.out_dir) / "metrics.jsonl") or [{}])[-1]
+    summary = {"config": str(args.config or DEMO_CONFIG), "wall_clock": {k: clock.get(k) for k in (
+                   "total_s", *PARTS, "sessions", "speedup_uses")},
+               "prepare_stages_s": launch_info().get("prepare_stages_s", {}),
+               "teacher": teacher_summary(cfg.teacher),
                "evals": [{"update": e["update"], "elapsed_s": e["elapsed_s"], **e["summary"]} for e in evals],
-               "sr_change": sr_change(evals), "probe_gaps": result.probe_gaps,
+               "sr_change": run_sr_change(Path(cfg.out_dir), evals), "probe_gaps": result.probe_gaps,
+               "throughput": {k.removeprefix("throughput/"): last.get(k) for k in (
+                   "throughput/full_window", "throughput/first_600s", "throughput/window_s")},
                "transitions": result.num_transitions, "weight_version": result.weight_version,
                "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
     (Path(cfg.out_dir) / "run_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
 
-def sr_change(evals: list[dict]) -> dict | None:
-    """The student's SR change from the first evaluation to the last, in points, with its 95% CI (Newcombe's, for
-    independent samples: conservative for these paired ones); ``beyond_noise`` when the interval excludes zero."""
+def run_sr_change(out_dir: Path, evals: list[dict]) -> dict | None:
+    """The student's SR change from the run's first evaluation to its last (:func:`sr_change`: the paired interval
+    over the same (seed, task) episodes, the unpaired one beside it)."""
     if len(evals) < 2:
         return None
-    first, last = evals[0]["summary"], evals[-1]["summary"]
-    if first["episodes"] == 0 or last["episodes"] == 0:
-        return None
-    d, lo, hi = difference_interval(first["successes"], first["episodes"], last["successes"], last["episodes"])
-    return {"from_update": evals[0]["update"], "to_update": evals[-1]["update"], "points": 100 * d,
-            "ci95": [100 * lo, 100 * hi], "beyond_noise": lo > 0 or hi < 0}
+    change = sr_change(load_episodes(out_dir / evals[0]["report"]), load_episodes(out_dir / evals[-1]["report"]))
+    return None if change is None else {"from_update": evals[0]["update"], "to_update": evals[-1]["update"],
+                                        **change}
 
 
 def final_message(cfg: TrainConfig, summary: dict) -> str:
     """What the run prints at its end: the stages' wall-clock, the SRs, where every output is."""
     out = Path(cfg.out_dir)
-    total = f"{summary['total_s']:.0f} s in all: " if summary["total_s"] is not None else ""
-    lines = ["", f"[run] done: {cfg.num_updates} updates on {summary['world_size']} rank(s), "
-                 f"{summary['transitions']} transitions, weight version {summary['weight_version']}; {total}prepare "
-                 f"{summary['prepare_s']:.0f} s, training {summary['train_wall_s']:.0f} s (C.3), evaluation "
-                 f"{summary['eval_wall_s']:.0f} s, probe {summary['probe_wall_s']:.0f} s"]
+    clock = summary["wall_clock"]
+    sessions = f" over {clock['sessions']} sessions" if (clock["sessions"] or 0) > 1 else ""
+    lines = ["", (f"[run] done: {cfg.num_updates} updates on {summary['world_size']} rank(s), "
+                  f"{summary['transitions']} transitions, weight version {summary['weight_version']}"),
+             (f"  wall-clock: {clock['total_s'] or 0:.0f} s in all{sessions}: prepare {clock['prepare_s'] or 0:.0f} "
+              f"s, training {clock['train_s'] or 0:.0f} s (C.3; the speedups' figure), evaluation "
+              f"{clock['eval_s'] or 0:.0f} s, probe {clock['probe_s'] or 0:.0f} s, redone after a kill "
+              f"{clock['lost_s'] or 0:.0f} s, other {clock['other_s'] or 0:.0f} s")]
+    rate = summary["throughput"]
+    if rate["full_window"] is not None:
+        lines.append(f"  environment transitions per second (C.5, Eq. 37): {rate['full_window']:.2f} over the training "
+                     f"window ({rate['window_s']:.0f} s), {rate['first_600s']:.2f} over its first "
+                     f"{min(600, rate['window_s']):.0f} s")
     teacher = summary["teacher"]
     if teacher is not None:
         lo, hi = teacher["SR_ci95_pooled"]
@@ -202,10 +208,10 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
                      f"(95% CI [{lo:.1f}, {hi:.1f}], {e['episodes']} episodes)")
     change = summary["sr_change"]
     if change is not None:
-        lo, hi = change["ci95"]
+        (lo, hi), (ulo, uhi) = change["ci95"], change["ci95_unpaired"]
         verdict = "beyond the evaluation noise" if change["beyond_noise"] else "within the evaluation noise"
         lines.append(f"  SR change, update {change['from_update']} -> {change['to_update']}: {change['points']:+.1f} "
-                     f"points (95% CI [{lo:+.1f}, {hi:+.1f}]): {verdict}")
+                     f"points (paired 95% CI [{lo:+.1f}, {hi:+.1f}]; unpaired [{ulo:+.1f}, {uhi:+.1f}]): {verdict}")
     gaps = [g for g in summary["probe_gaps"] if g is not None]
     if gaps:
         lines.append(f"  teacher-minus-student gap (probe): {gaps[0]:+.3f} -> {gaps[-1]:+.3f} nat/token")

@@ -71,21 +71,27 @@ def test_demo_prepares_trains_evaluates(demo_run):
     assert [e["update"] for e in evals] == [0, 1, 2]
     assert all(e["summary"]["episodes"] == 2 for e in evals)
     assert all((run / e["report"]).is_file() for e in evals)
+    # an evaluation is placed at the training time it evaluates, its own time excluded
+    assert 0 <= evals[-1]["elapsed_s"] - metrics[-1]["elapsed_s"] < evals[-1]["eval_wall_s"]
     sampling = json.loads((run / evals[0]["report"]).read_text())["meta"]["rollout"]
     assert (sampling["temperature"], sampling["top_p"]) == (EVAL_TEMPERATURE, 1.0)  # evaluation's own, not training's
     assert (run / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((run / "run_summary.json").read_text())
-    # evaluation and the probe are not training time (C.3): the three fit in what followed preparation
-    parts = summary["train_wall_s"] + summary["eval_wall_s"] + summary["probe_wall_s"]
-    assert summary["probe_wall_s"] > 0 and parts <= summary["total_s"] - summary["prepare_s"] + 1.0
+    # evaluation and the probe are not training time (C.3); the parts of one session sum to its wall-clock
+    clock = summary["wall_clock"]
+    parts = ("prepare_s", "train_s", "eval_s", "probe_s", "lost_s", "other_s")
+    assert clock["probe_s"] > 0 and clock["eval_s"] > 0 and clock["prepare_s"] > 0 and clock["lost_s"] == 0
+    assert clock["sessions"] == 1 and sum(clock[k] for k in parts) == pytest.approx(clock["total_s"])
+    assert clock["eval_s"] == pytest.approx(sum(e["eval_wall_s"] for e in evals))
     assert [e["update"] for e in summary["evals"]] == [0, 1, 2]
     assert summary["teacher"]["episodes"] == 2
     change = summary["sr_change"]  # update 0 -> 2, from the two evaluations' successes
     first, last = summary["evals"][0], summary["evals"][-1]
     assert (change["from_update"], change["to_update"]) == (0, 2)
     assert change["points"] == pytest.approx(last["SR"]["mean"] - first["SR"]["mean"])
-    lo, hi = change["ci95"]
+    lo, hi = change["ci95"]  # paired: the same (seed, task) episodes before and after
     assert lo <= change["points"] <= hi and change["beyond_noise"] == (lo > 0 or hi < 0)
+    assert sum(change["table"].values()) == first["episodes"] and "paired" in change["method"]
     for where in ("metrics.jsonl", "training_curve.png", "checkpoints", "teacher SR", "student SR at update",
                   "SR change, update 0 -> 2"):
         assert where in stdout

@@ -65,6 +65,8 @@ class TurnRecord:
     """The check's outcome on a guided turn ("passed" or the failed condition), else None."""
     step_started: float
     """When the environment step began (perf_counter), to compare with full-response completion times."""
+    step_done: float
+    """When the environment step returned (perf_counter): the transition's completion (C.5's throughput windows)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -257,13 +259,14 @@ class RolloutRunner:
             action, source = await self._intervene(ep, action, ep.seed + 2 * t + 1)
         step_started = time.perf_counter()
         nxt = await worker.astep(action)
+        step_done = time.perf_counter()
         check, go_on = None, True
         if guided:  # B.5: every guided transition is checked, whatever produced its action
             result = self.benchmark.check(reference, t, action=action, current=current, next=nxt,
                                           previous=guidance.previous)
             check = "passed" if result.passed else result.reason
             go_on = self.strategy.after_check(guidance, t, result)
-        ep.turns.append(TurnRecord(t, source, action, proposal, fast, nxt.valid, check, step_started))
+        ep.turns.append(TurnRecord(t, source, action, proposal, fast, nxt.valid, check, step_started, step_done))
         ep.history.append(Step(current.observation, action))
         if self.forced_answer and nxt.truncated and t + 1 == self.benchmark.max_turns:
             nxt = await worker.acall("force_answer")

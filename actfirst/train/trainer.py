@@ -76,6 +76,7 @@ from actfirst.rollout.runner import RolloutBatch, RolloutRunner
 from actfirst.rollout.strategies import Guidance, make_strategy
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics
+from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, SessionClock, account, launch_info
 from actfirst.train.head import LMHeadModel
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
 from actfirst.train.plots import WALL_CLOCK, plot_training_curve, read_records
@@ -88,6 +89,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 RESUMABLE_CHANGES = ("num_updates", "checkpoint_every", "keep_checkpoints", "probe_every", "evaluation", "prepare",
                      "parallel", "vllm_console_level")
 """Config keys a resumed run may change; any other difference from the checkpointed run is refused."""
+EARLY_WINDOW_S = 600.0
+"""C.5's early throughput window: the first 600 s from the first rollout batch's start (Table 9)."""
 ENGINE_PROBE = "The same weights give the same log-probs on every rank."
 """The prompt each rank's engine answers after a weight sync (with several ranks): the engines must agree."""
 
@@ -173,6 +176,8 @@ class UpdateStats:
     dropped: int = 0
     """Samples the staleness rule dropped."""
     wall_s: float = 0.0
+    early: int = 0
+    """Transitions completed within the first :data:`EARLY_WINDOW_S` of the throughput window."""
     records: list[RequestRecord] = dataclasses.field(default_factory=list)
     """The engine's requests (queue statistics)."""
     interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
@@ -195,8 +200,10 @@ class Trainer:
         self.out_dir = Path(cfg.out_dir)
         self.started = time.perf_counter()
         self.eval_s = self.probe_s = 0.0
-        """This process's evaluation and probe time; with ``*_before``, the run's since its start."""
-        self.eval_before = self.probe_before = 0.0
+        """This process's evaluation and probe time (what :meth:`elapsed` leaves out)."""
+        self.probe_before = self.eval_kept = 0.0
+        """The checkpointed run's probe time; the kept evaluations' time (rank 0: ``evals.jsonl``'s sum)."""
+        self.clock: SessionClock | None = None
         check_layout(cfg, ctx.world_size)
         self.checkpoint = self._resume_point()
         self.benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
@@ -214,6 +221,10 @@ class Trainer:
         self.probe_gaps: list[float] = []
         self.recent: deque[dict[str, float]] = deque(maxlen=ALIGNMENT_WINDOW)  # Appendix F's window, counts
         self.total_transitions, self.batch_index, self.first_update, self.elapsed_before = 0, 0, 1, 0.0
+        self.window_origin: float | None = None
+        """C.5's throughput windows start here, on the training clock (:meth:`elapsed`): the first rollout batch."""
+        self.early_transitions = 0
+        """Transitions of every rank completed within :data:`EARLY_WINDOW_S` of the origin."""
         self.pending: asyncio.Future | None = None
         self.engine: ActFirstEngine | None = None
         self.intervention: Intervention | None = None
@@ -278,8 +289,10 @@ class Trainer:
         self.updater.load_state_dict(trainer_state["updater"])
         self.probe_gaps = list(trainer_state["probe_gaps"])
         self.total_transitions = trainer_state["total_transitions"]
+        self.window_origin = trainer_state.get("window_origin_s")
+        self.early_transitions = trainer_state.get("early_transitions", 0)
         self.first_update, self.elapsed_before = trainer_state["update"] + 1, trainer_state["elapsed_s"]
-        self.eval_before, self.probe_before = trainer_state.get("eval_s", 0.0), trainer_state.get("probe_s", 0.0)
+        self.probe_before = trainer_state.get("probe_s", 0.0)
         self.engine.weight_version = trainer_state["weight_version"]  # the engine loaded the checkpoint's weights
         if trainer_state["world_size"] == self.ctx.world_size:  # the same ranks: this rank's state exactly
             state = rank_states[0]
@@ -327,6 +340,17 @@ class Trainer:
             truncate_metrics(self.out_dir / "metrics.jsonl", self.first_update - 1)
             truncate_metrics(self.out_dir / "evals.jsonl", self.first_update - 1)
         self.sink = MetricsSink(self.out_dir)
+        self.eval_kept = sum(r["eval_wall_s"] for r in read_records(self.out_dir / "evals.jsonl"))
+        launch = launch_info()
+        self.clock = SessionClock(self.out_dir / CLOCK, started=launch.get("started", time.time() - (
+            time.perf_counter() - self.started)), prepare_s=launch.get("prepare_s", 0.0),
+            base_s=self.elapsed_before + self.probe_before + self.eval_kept)
+        self.beat()
+
+    def beat(self) -> None:
+        """Rank 0: the run's kept wall-clock figures as of now into ``clock.jsonl`` (``actfirst.train.clock``)."""
+        if self.clock is not None:
+            self.clock.beat(train_s=self.elapsed(), eval_s=self.eval_kept, probe_s=self.probe_before + self.probe_s)
 
     def elapsed(self) -> float:
         """Training wall-clock so far (C.3), the runs before a resume included, evaluation and probe excluded."""
@@ -378,11 +402,14 @@ class Trainer:
         wall, probe = self.elapsed(), self.probe_before + self.probe_s
         evals = read_records(self.out_dir / "evals.jsonl") if self.ctx.lead else []
         if self.ctx.lead:
+            self.beat()
             write_atomically(self.out_dir / WALL_CLOCK, json.dumps({
-                "train_s": wall, "eval_s": self.eval_before + self.eval_s, "probe_s": probe,
-                "updates": self.cfg.num_updates, "definition": "Appendix C.3: the trainer's initialization to its "
-                "shutdown, evaluation and the probe excluded; teacher training and reference construction are "
-                "not in the trainer"}, indent=1))
+                **account(self.out_dir / CLOCK), "updates": self.cfg.num_updates,
+                "definition": f"{SPEEDUP_FIGURE} (every speedup's figure) follows Appendix C.3: the trainer's "
+                "initialization to its shutdown, evaluation and the probe excluded, summed over the sessions of a "
+                "resumed run without the updates they did again (lost_s); teacher training and reference "
+                "construction are not in the trainer. The parts (prepare, train, eval, probe, lost, other) sum to "
+                "total_s, every session's wall-clock from its launch."}, indent=1))
         return TrainResult(self.out_dir, self.cfg.num_updates, wall, probe, self.total_transitions,
                            self.engine.weight_version, self.probe_gaps, evals)
 
@@ -424,6 +451,8 @@ class Trainer:
         if self.intervention is not None:
             self.intervention.update = update - 1
         self.batch_index += 1
+        if self.window_origin is None:
+            self.window_origin = self.elapsed()
         return asyncio.ensure_future(self.runner.run_batch(self.stream.next(self.batch_tasks), self.batch_index))
 
     def _finish_batch(self, batch: RolloutBatch, stats: UpdateStats) -> None:
@@ -431,6 +460,8 @@ class Trainer:
         self.recent.append(rollout_counts(batch.episodes))
         stats.rollout_s += batch.wall_s
         stats.transitions += batch.num_transitions
+        to_window = self.elapsed() - time.perf_counter() - self.window_origin  # no evaluation or probe in a batch
+        stats.early += sum(t.step_done + to_window <= EARLY_WINDOW_S for e in batch.episodes for t in e.turns)
         stats.batches += 1
         stats.failures += [f"{e.task}: {e.failure}" for e in batch.episodes if e.failure]
         stats.interventions += [r for e in batch.episodes for r in e.interventions]
@@ -523,19 +554,20 @@ class Trainer:
         keys = sorted(rollout_counts([]))  # the same on every rank, whatever its window holds
         window = {k: sum(c.get(k, 0) for c in self.recent) for k in keys}  # a key newer than a checkpoint: 0
         sums = reduce_sum([stats.transitions, stats.batches, stats.generated, stats.discarded, len(self.buffer),
-                           stats.dropped, *[window[k] for k in keys]])
-        transitions, batches, generated, discarded, buffered, dropped = (int(x) for x in sums[:6])
+                           stats.dropped, stats.early, *[window[k] for k in keys]])
+        transitions, batches, generated, discarded, buffered, dropped, early = (int(x) for x in sums[:7])
         slowest = reduce_max([stats.rollout_s, stats.wall_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
                                        "failures": stats.failures, "records": stats.records,
                                        "interventions": stats.interventions, "batch_n": self.batch_index - 1})
         self.total_transitions += transitions
+        self.early_transitions += early
         if not self.ctx.lead:
             return
         failures = [f"rank {r}: {f}" if self.ctx.world_size > 1 else f for r, p in enumerate(per_rank)
                     for f in p["failures"]]
         record = {
-            **metrics, **rollout_rates(dict(zip(keys, sums[6:]))),
+            **metrics, **rollout_rates(dict(zip(keys, sums[7:]))), **self.throughput(),
             "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,
             "overlapped": stats.overlapped, "update_wall_s": slowest[1], "elapsed_s": self.elapsed(),
             "env_steps_per_s": transitions / slowest[1] if slowest[1] > 0 else math.nan,
@@ -556,9 +588,20 @@ class Trainer:
             record["ranks"] = {"rollout_s": [p["rollout_s"] for p in per_rank],
                                "transitions": [p["transitions"] for p in per_rank]}
         self.sink.log(update, record)
+        self.beat()
         tqdm.write(summary_line(update, record))
         for failure in failures:
             tqdm.write(f"  episode failed: {failure}")
+
+    def throughput(self) -> dict[str, float]:
+        """C.5's environment-transition throughput (Eq. 37, Table 9) so far: transitions over the window from the
+        first rollout batch to now (after the last update: the full-training window), and within its first
+        :data:`EARLY_WINDOW_S` (while that window is open: over the time so far); training clock, rank 0's."""
+        window = self.elapsed() - self.window_origin
+        early = min(window, EARLY_WINDOW_S)
+        return {"throughput/window_s": window,
+                "throughput/full_window": self.total_transitions / window if window > 0 else math.nan,
+                "throughput/first_600s": self.early_transitions / early if early > 0 else math.nan}
 
     def save_checkpoint(self, update: int) -> None:
         """Every ``checkpoint_every`` updates and after the last (after the metrics: a kill between the two loses
@@ -570,7 +613,8 @@ class Trainer:
             "update": update, "config": to_dict(cfg), "updater": self.updater.state_dict(),
             "weight_version": self.engine.weight_version, "probe_gaps": self.probe_gaps,
             "total_transitions": self.total_transitions, "elapsed_s": self.elapsed(),
-            "eval_s": self.eval_before + self.eval_s, "probe_s": self.probe_before + self.probe_s}
+            "probe_s": self.probe_before + self.probe_s, "window_origin_s": self.window_origin,
+            "early_transitions": self.early_transitions}
         rank_state = {
             "buffer": self.buffer.state_dict(), "tasks": self.stream.state_dict(self.benchmark.task_key),
             "probe_contexts": self.probe_contexts, "batch_index": self.batch_index, "recent": list(self.recent),
@@ -591,7 +635,7 @@ class Trainer:
         if on_start and broadcast_object(self.ctx.lead and update in {
                 r["update"] for r in read_records(self.out_dir / "evals.jsonl")}):
             return  # already evaluated (a resume after the evaluation's record)
-        t0 = time.perf_counter()
+        t0, elapsed = time.perf_counter(), self.elapsed()  # the training time it evaluates (its own excluded)
         if self.ctx.lead:
             tqdm.write(f"evaluation at update {update}: {len(self.eval_tasks)} tasks x seeds {spec.seeds}")
         report = await evaluate(self.engine, self.tokenizer, self.benchmark, self.eval_tasks, seeds=spec.seeds,
@@ -601,24 +645,26 @@ class Trainer:
         self.engine.records.clear()  # the evaluation's requests are not the next update's queue statistics
         wall = reduce_max([time.perf_counter() - t0])[0]
         if self.ctx.lead:
-            self._record_evaluation(update, merge_reports(parts, self.benchmark), wall)
+            self._record_evaluation(update, merge_reports(parts, self.benchmark), wall, elapsed)
         self.eval_s += time.perf_counter() - t0  # its report and plot included
+        self.beat()
 
     def _eval_due(self, update: int) -> bool:
         spec = self.cfg.evaluation
         return ((update == 0 and spec.before) or update == self.cfg.num_updates
                 or (spec.every > 0 and update > 0 and update % spec.every == 0))
 
-    def _record_evaluation(self, update: int, report: Any, wall: float) -> None:
+    def _record_evaluation(self, update: int, report: Any, wall: float, elapsed: float) -> None:
         report.meta.update({"update": update, "weight_version": self.engine.weight_version,
                             "split": self.cfg.evaluation.split, "world_size": self.ctx.world_size})
         name = f"evals/update_{update:06d}.json"
         (self.out_dir / "evals").mkdir(exist_ok=True)
         (self.out_dir / name).write_text(report.to_json())
         summary = report.summary()
-        row = {"update": update, "elapsed_s": self.elapsed(), "eval_wall_s": wall, "report": name, "summary": summary}
+        row = {"update": update, "elapsed_s": elapsed, "eval_wall_s": wall, "report": name, "summary": summary}
         with (self.out_dir / "evals.jsonl").open("a") as f:
             f.write(json.dumps(row, default=str) + "\n")
+        self.eval_kept += wall
         lo, hi = summary["SR_ci95_pooled"]
         tqdm.write(f"evaluation at update {update}: SR {summary['SR']['mean']:.1f} ± {summary['SR']['sd']:.1f} "
                    f"(95% CI [{lo:.1f}, {hi:.1f}], {summary['episodes']} episodes) in {wall:.0f} s")

@@ -200,6 +200,23 @@ def check_series(out_dir: Path, num_updates: int) -> None:
           f"total transitions {totals}")
 
 
+def check_wall_clock(out_dir: Path, lives: list[float]) -> None:
+    """The wall-clock adds up across the sessions (``actfirst.train.clock``): every part >= 0, the parts sum to
+    ``total_s``, which is no more than the processes' lifetimes as this test measured them; the updates the killed
+    sessions had done past their checkpoint are ``lost_s``, not training."""
+    wall = json.loads((out_dir / "wall_clock.json").read_text())
+    parts = ("prepare_s", "train_s", "eval_s", "probe_s", "lost_s", "other_s")
+    print(f"wall-clock over {wall['sessions']} sessions (lifetimes {[round(x, 1) for x in lives]} s): "
+          + ", ".join(f"{k} {wall[k]:.1f}" for k in ("total_s", *parts)))
+    assert wall["sessions"] == len(lives) and wall["speedup_uses"] == "train_s"
+    assert all(wall[k] >= 0 for k in parts)
+    assert sum(wall[k] for k in parts) == pytest.approx(wall["total_s"], abs=1e-6)
+    assert wall["total_s"] <= sum(lives) + 1.0
+    assert (wall["lost_s"] > 0) == (len(lives) > 1)
+    summary = json.loads((out_dir / "run_summary.json").read_text())
+    assert summary["wall_clock"]["total_s"] == wall["total_s"]
+
+
 def test_sigkill_during_a_checkpoint_write_loses_at_most_one_update(base_config, tmp_path):
     """A checkpoint every update; the run is killed as soon as the write of a checkpoint after the first shows its
     ``.tmp-update_`` directory (a kill that lands after the commit is a kill between writes: the next attempt, in
@@ -263,6 +280,7 @@ def test_sigkill_between_checkpoint_writes_redoes_the_updates_since_the_checkpoi
         time.sleep(POLL_S)
     t_seen = time.perf_counter() - run.started
     size = run.kill()
+    life = time.perf_counter() - run.started
     kill = after_kill(out_dir, "between writes", size, metrics_line_seen=kill_after, seen_after_s=round(t_seen, 1))
     assert kill["logged"] == kill_after and not kill["tmp"], "a write was in flight"
     assert kill["ckpt"] == kill_after // every * every == 2
@@ -271,8 +289,9 @@ def test_sigkill_between_checkpoint_writes_redoes_the_updates_since_the_checkpoi
     resumed = Run(config, tmp_path / "resumed.log", "--resume")
     out = resumed.finish()
     check_resumed(out_dir, out, kill, metrics_lines(out_dir))
-    assert f"done: {num_updates} updates" in out
+    assert f"done: {num_updates} updates" in out and "over 2 sessions" in out
     check_series(out_dir, num_updates)
+    check_wall_clock(out_dir, [life, time.perf_counter() - resumed.started])
 
 
 def test_sigkill_during_the_first_checkpoint_write_resumes_from_update_1(base_config, tmp_path):

@@ -102,7 +102,7 @@ def check_wall_clock(run_dir, rows):
     assert wall["train_s"] > rows[-1]["elapsed_s"] and wall["updates"] == rows[-1]["update"]
     assert all(r["probe_s"] > 0 for r in rows)
     assert abs(wall["probe_s"] - sum(r["probe_s"] for r in rows)) < 1e-6
-    assert json.loads((run_dir / "run_summary.json").read_text())["train_wall_s"] == wall["train_s"]
+    assert json.loads((run_dir / "run_summary.json").read_text())["wall_clock"]["train_s"] == wall["train_s"]
 
 
 def test_bad_config_is_named(run_config, tmp_path):

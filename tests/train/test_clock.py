@@ -1,0 +1,46 @@
+"""The run's wall-clock across sessions (``actfirst.train.clock``) from hand-written ``clock.jsonl`` lines: the parts
+sum to the whole, what a killed session did past its checkpoint is lost time, a line cut short by a kill is skipped.
+(``tests/train/test_kill_resume.py`` checks the same on a real run killed with SIGKILL and resumed.)"""
+
+import json
+
+import pytest
+
+from actfirst.train.clock import PARTS, SessionClock, account
+
+
+def line(session, started, now, *, prepare=0.0, base=0.0, train=0.0, eval_s=0.0, probe=0.0):
+    return json.dumps({"session": session, "started": started, "now": now, "prepare_s": prepare, "base_s": base,
+                       "train_s": train, "eval_s": eval_s, "probe_s": probe})
+
+
+def test_a_killed_and_resumed_run_adds_up(tmp_path):
+    """Session 1 (launched at t=1000, 30 s of preparation) measured 100 s of training, 20 s of evaluation and 5 s
+    of probe before it was killed; its checkpoint held 70 s of training and 4 s of probe, and one 20 s evaluation
+    was recorded: session 2 resumes from 94 s, so 31 s were lost. Session 2 ends at 90 s of its own."""
+    path = tmp_path / "clock.jsonl"
+    path.write_text("\n".join([
+        line(1000.0, 1000.0, 1040.0, prepare=30.0, train=5.0),
+        line(1000.0, 1000.0, 1170.0, prepare=30.0, train=100.0, eval_s=20.0, probe=5.0),
+        line(2000.0, 2000.0, 2010.0, base=94.0, train=72.0, eval_s=20.0, probe=4.0),
+        line(2000.0, 2000.0, 2090.0, base=94.0, train=140.0, eval_s=40.0, probe=6.0),
+        '{"session": 2000.0, "started": 20',  # a line cut short by a kill
+    ]) + "\n")
+    wall = account(path)
+    assert wall["sessions"] == 2 and wall["speedup_uses"] == "train_s"
+    assert wall["total_s"] == pytest.approx(170.0 + 90.0)
+    assert (wall["prepare_s"], wall["train_s"], wall["eval_s"], wall["probe_s"]) == (30.0, 140.0, 40.0, 6.0)
+    assert wall["lost_s"] == pytest.approx(125.0 - 94.0)
+    assert wall["other_s"] == pytest.approx(260.0 - 30.0 - 140.0 - 40.0 - 6.0 - 31.0)
+    assert sum(wall[k] for k in PARTS) == pytest.approx(wall["total_s"])
+
+
+def test_one_session_and_no_session(tmp_path):
+    path = tmp_path / "clock.jsonl"
+    assert account(path)["total_s"] == 0.0 and account(path)["sessions"] == 0
+    clock = SessionClock(path, started=0.0, prepare_s=2.0, base_s=0.0)  # started at the epoch: now - 0 is large
+    clock.beat(train_s=3.0, eval_s=1.0, probe_s=0.5)
+    wall = account(path)
+    assert wall["sessions"] == 1 and wall["lost_s"] == 0.0 and wall["train_s"] == 3.0
+    assert sum(wall[k] for k in PARTS) == pytest.approx(wall["total_s"])
+    SessionClock(None, started=0.0, prepare_s=0.0, base_s=0.0).beat(train_s=1.0, eval_s=0.0, probe_s=0.0)  # rank > 0
