@@ -616,7 +616,8 @@ class Trainer:
         (self.out_dir / "evals").mkdir(exist_ok=True)
         (self.out_dir / name).write_text(report.to_json())
         summary = report.summary()
-        row = {"update": update, "elapsed_s": self.elapsed(), "eval_wall_s": wall, "report": name, "summary": summary}
+        row = {"update": update, "elapsed_s": self.elapsed(), "eval_wall_s": wall, "report": name, "summary": summary,
+               "splits": {split: report.summary(split=split) for split in report.splits}}
         with (self.out_dir / "evals.jsonl").open("a") as f:
             f.write(json.dumps(row, default=str) + "\n")
         lo, hi = summary["SR_ci95_pooled"]
