@@ -1,28 +1,49 @@
-"""Vanilla OPD against ActFirst-OPD (or any rollout strategies) under one training config.
+"""Method tables in the layout of the paper's Tables 1-3: any rollout strategies under one training config, each
+trained under one or more training seeds.
 
-    python -m actfirst.compare [--config CFG] [--strategies vanilla actfirst] [--out DIR] [--resume] [key=value ...]
+    python -m actfirst.compare [--config CFG] [--strategies vanilla actfirst] [--seeds K [K ...]] [--out DIR]
+                               [--resume] [key=value ...]
 
-Runs the same training config once per strategy, only ``rollout.strategy`` and ``out_dir=<out>/<strategy>`` changed
-(same seeds), then writes ``<out>/comparison.json``, ``<out>/comparison.md`` and ``<out>/comparison.png`` and prints
-the table. Each row comes from the run's last evaluation (``evals.jsonl``), its ``metrics.jsonl`` and its
-``wall_clock.json``: SR (mean ± SD over the evaluation seeds, and the pooled 95% interval), Score where the benchmark
-has one, Round, the training wall-clock (Appendix C.3: the trainer's initialization to its shutdown, evaluation and
-our probe excluded; the final figure, which the last metrics line does not yet hold), executed transitions and
-transitions per second, and the wall-clock speedup over Vanilla OPD (vanilla / strategy) when ``vanilla`` is among
-the strategies. A run that has not finished shows its latest wall-clock and no speedup.
+Every (strategy, seed) is one run of the same config from the same warm start (``student.model``, which preparation
+builds once), only ``rollout.strategy=<strategy> seed=<K> out_dir=<out>/<strategy>/seed<K>`` changed; ``--seeds``
+defaults to the config's ``seed``. ``--resume`` continues a killed comparison: a run whose ``wall_clock.json`` records
+the config's ``num_updates`` is not trained again, a started one resumes from its latest checkpoint, a missing one
+starts. Then ``<out>/comparison.md``, ``comparison.json`` and ``comparison.png`` are written and the table printed.
+
+One row per method, from its finished runs (a run's SR, Score and Round are its last evaluation's means over the
+evaluation seeds, ``evals.jsonl``; its training wall-clock is Appendix C.3's final ``train_s``, ``wall_clock.json``):
+
+- SR, Score (where the evaluations report one: ScienceWorld, WebShop), Round: mean ± SD over training seeds; ALFWorld's
+  valid_seen and valid_unseen also apart (the evaluation's per-split summaries).
+- Training wall-clock (s), executed transitions and transitions per second: mean ± SD over training seeds.
+- Speedup over Vanilla OPD (Sec. 5.1): mean Vanilla ``train_s`` / mean method ``train_s``, with a 95% percentile
+  bootstrap interval (each method's seeds resampled independently, :data:`BOOTSTRAP_RESAMPLES` resamples, a fixed RNG
+  seed; none with one seed).
+- Time to the common SR: the lower of the method's and Vanilla OPD's best mean-over-seeds evaluation SR, the mean
+  training wall-clock of the first evaluation whose mean SR reaches it (for both), and their ratio Vanilla / method:
+  a speedup that cannot come from learning less.
+
+``comparison.md`` also lists every run; ``comparison.json`` holds each method's aggregates, its mean curve and every
+run's own row (run_dir, seed); ``comparison.png`` is Figure 5: per method the mean SR over seeds at each evaluated
+update against the mean training wall-clock there, with the SD over seeds (the pooled 95% interval with one seed), and
+the teacher's SR as a dashed line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from actfirst.config import STRATEGIES, ConfigError
-from actfirst.eval_report import _finite
-from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure, sr_points
+import numpy as np
+
+from actfirst.config import STRATEGIES, ConfigError, TrainConfig
+from actfirst.eval_report import _finite, mean_sd
+from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure
 from actfirst.user_input import check_writable_dir, command
 
 METHODS = {"vanilla": "Vanilla OPD", "actfirst": "ActFirst-OPD", "no_id": "w/o ID", "no_nap": "w/o NAP fallback",
@@ -30,67 +51,194 @@ METHODS = {"vanilla": "Vanilla OPD", "actfirst": "ActFirst-OPD", "no_id": "w/o I
            "f2b": "TCOD-F2B", "b2f": "TCOD-B2F", "uopd": "UOPD"}
 """The paper's name of each strategy."""
 BASELINE = "vanilla"
+EVAL_METRICS = ("SR", "Score", "Round")
+BOOTSTRAP_RESAMPLES = 10_000
+BOOTSTRAP_SEED = 0
+"""The bootstrap's RNG seed: the same runs give the same table."""
 COMPARISON_SIZE = (7.0, 4.5)
 """Inches of ``comparison.png``."""
+FINISHED, STARTED, NEW = "finished", "started", "new"
+"""A run's state for ``--resume``: skipped, resumed, started."""
 
 
-def comparison_rows(run_dirs: dict[str, Path]) -> list[dict[str, Any]]:
-    """One row per strategy (in ``run_dirs`` order) from its run's last evaluation, last metrics record and final
-    wall-clock; values a run does not have yet are None. ``speedup`` is the baseline's training wall-clock over this
-    one's, both finished (None without a finished ``vanilla`` run)."""
-    rows = []
-    for strategy, run_dir in run_dirs.items():
-        evals = read_records(Path(run_dir) / "evals.jsonl")
-        metrics = read_records(Path(run_dir) / "metrics.jsonl")
-        summary = evals[-1]["summary"] if evals else {}
-        last = metrics[-1] if metrics else {}
-        final = read_wall_clock(run_dir)
-        wall = final["train_s"] if final else last.get("elapsed_s")
-        transitions = last.get("total_transitions")
-        rows.append({
-            "strategy": strategy, "method": METHODS.get(strategy, strategy), "run_dir": str(run_dir),
-            "eval_update": evals[-1]["update"] if evals else None, "episodes": summary.get("episodes"),
-            "SR": summary.get("SR"), "SR_ci95_pooled": summary.get("SR_ci95_pooled"), "Score": summary.get("Score"),
-            "Round": summary.get("Round"), "updates": last.get("update"), "wall_s": wall, "transitions": transitions,
-            "transitions_per_s": transitions / wall if wall and transitions is not None else None,
-            "finished": final is not None,
-        })
-    base = next((r["wall_s"] for r in rows if r["strategy"] == BASELINE and r["finished"]), None)
-    for row in rows:
-        row["speedup"] = base / row["wall_s"] if base and row["finished"] else None
-    return rows
+def run_dir(out: str | Path, strategy: str, seed: int) -> Path:
+    """Where the comparison trains ``strategy`` under training seed ``seed``."""
+    return Path(out) / strategy / f"seed{seed}"
 
 
-def comparison_table(rows: list[dict[str, Any]]) -> str:
-    """The rows as a markdown table (a Score column only where some run has a Score, a speedup column only with a
-    ``vanilla`` row)."""
-    with_score = any(r["Score"] for r in rows)
-    with_speedup = any(r["strategy"] == BASELINE for r in rows)
-    head = (["Method", "Eval at update", "SR (%)", "SR 95% CI (pooled)"] + (["Score"] if with_score else [])
-            + ["Round", "Wall-clock (s)", "Transitions/s", "Transitions"]
-            + ([f"Speedup vs {METHODS[BASELINE]}"] if with_speedup else []))
-    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
-    for r in rows:
-        cells = [r["method"], _fmt(r["eval_update"], "d"), _pm(r["SR"]), _ci(r["SR_ci95_pooled"])]
-        cells += [_pm(r["Score"])] if with_score else []
-        cells += [_pm(r["Round"]), _fmt(r["wall_s"], ".0f"), _fmt(r["transitions_per_s"], ".2f"),
-                  _fmt(r["transitions"], "d")]
-        cells += [_fmt(r["speedup"], ".2f", "x")] if with_speedup else []
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def run_state(cfg: TrainConfig) -> str:
+    """FINISHED when the run's ``wall_clock.json`` records ``cfg.num_updates`` updates, STARTED when its out_dir
+    exists otherwise, else NEW."""
+    final = read_wall_clock(cfg.out_dir)
+    if final is not None and final.get("updates") == cfg.num_updates:
+        return FINISHED
+    return STARTED if Path(cfg.out_dir).exists() else NEW
 
 
-def plot_comparison(run_dirs: dict[str, Path], path: str | Path, *, teacher_sr: float | None = None) -> Path | None:
-    """Each run's SR (with its pooled 95% interval) at every evaluation against training wall-clock, one line per
-    strategy, and ``teacher_sr`` (percent) as a dashed line, written to ``path``; None without matplotlib."""
+def run_row(strategy: str, seed: int, path: str | Path) -> dict[str, Any]:
+    """One run's row: its last evaluation (overall and per split; each metric's summary over the evaluation seeds),
+    its last metrics record and its final wall-clock, and its SR curve; what it does not have yet is None.
+    ``train_s`` is the final C.3 figure of a finished run, the latest one of a run still going."""
+    path = Path(path)
+    evals = read_records(path / "evals.jsonl")
+    metrics = read_records(path / "metrics.jsonl")
+    last_eval = evals[-1] if evals else {}
+    summary = last_eval.get("summary") or {}
+    last = metrics[-1] if metrics else {}
+    final = read_wall_clock(path)
+    train_s = final["train_s"] if final else last.get("elapsed_s")
+    transitions = last.get("total_transitions")
+    splits = last_eval.get("splits") or {}
+    return {"strategy": strategy, "method": METHODS.get(strategy, strategy), "seed": seed, "run_dir": str(path),
+            "finished": final is not None, "updates": last.get("update"), "eval_update": last_eval.get("update"),
+            "episodes": summary.get("episodes"), **{m: summary.get(m) for m in EVAL_METRICS},
+            "SR_ci95_pooled": summary.get("SR_ci95_pooled"),
+            "splits": {split: {m: stats.get(m) for m in EVAL_METRICS} for split, stats in splits.items()},
+            "train_s": train_s, "transitions": transitions,
+            "transitions_per_s": transitions / train_s if train_s and transitions is not None else None,
+            "curve": _sr_curve(evals)}
+
+
+def method_row(strategy: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One method's aggregates over its finished runs (mean ± SD over training seeds) and its mean curve; every run's
+    row under "runs"."""
+    done = [r for r in runs if r["finished"]]
+    splits = sorted({split for r in done for split in r["splits"]})
+    return {"strategy": strategy, "method": METHODS.get(strategy, strategy), "seeds": [r["seed"] for r in done],
+            "unfinished": [r["seed"] for r in runs if not r["finished"]],
+            **{m: _over_seeds([(r[m] or {}).get("mean") for r in done]) for m in EVAL_METRICS},
+            "splits": {split: {m: _over_seeds([((r["splits"].get(split) or {}).get(m) or {}).get("mean") for r in done])
+                               for m in EVAL_METRICS} for split in splits},
+            **{key: _over_seeds([r[key] for r in done]) for key in ("train_s", "transitions", "transitions_per_s")},
+            "curve": mean_curve(done), "runs": runs}
+
+
+def mean_curve(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """At every update that all ``runs`` evaluated: the mean training wall-clock and the mean and SD of SR over the
+    runs, and with one run its pooled 95% interval."""
+    by_update = [{p["update"]: p for p in r["curve"]} for r in runs]
+    common = sorted(set.intersection(*(set(points) for points in by_update))) if by_update else []
+    curve = []
+    for update in common:
+        at = [points[update] for points in by_update]
+        mean, sd = mean_sd([p["SR"] for p in at])
+        curve.append({"update": update, "elapsed_s": sum(p["elapsed_s"] for p in at) / len(at), "SR": mean,
+                      "SR_sd": sd, "SR_ci95_pooled": at[0]["SR_ci95_pooled"] if len(at) == 1 else None})
+    return curve
+
+
+def sr_error_bars(curve: list[dict[str, Any]]) -> list[list[float]]:
+    """A mean curve's error bars as [below, above] lengths: the SD over seeds, else (one seed) the pooled 95%
+    interval, else none."""
+    below, above = [], []
+    for p in curve:
+        lo, hi = p["SR_ci95_pooled"] or (None, None)
+        if not _missing(p["SR_sd"]):
+            below.append(p["SR_sd"])
+            above.append(p["SR_sd"])
+        else:  # the seeds' mean may sit just outside the pooled interval when seeds hold different episode counts
+            below.append(max(0.0, p["SR"] - lo) if lo is not None else 0.0)
+            above.append(max(0.0, hi - p["SR"]) if hi is not None else 0.0)
+    return [below, above]
+
+
+def speedup_interval(baseline: Sequence[float], method: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES,
+                     seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+    """The 95% percentile-bootstrap interval of mean(baseline) / mean(method), each sample resampled with replacement
+    on its own; None when either has fewer than two values."""
+    if min(len(baseline), len(method)) < 2:
+        return None
+    rng = np.random.default_rng(seed)
+    means = [np.asarray(x, dtype=float)[rng.integers(0, len(x), (resamples, len(x)))].mean(axis=1)
+             for x in (baseline, method)]
+    return [float(v) for v in np.percentile(means[0] / means[1], [2.5, 97.5])]
+
+
+def time_to_common_sr(baseline: list[dict[str, Any]], curve: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The SR level both mean curves reach (the lower of their best SRs), the training wall-clock of the first
+    evaluation where each reaches it, and the ratio baseline / method (None when the method's time is 0)."""
+    if not baseline or not curve:
+        return {"common_SR": None, "time_to_common_s": None, "baseline_time_to_common_s": None,
+                "speedup_at_common_SR": None}
+    level = min(max(p["SR"] for p in baseline), max(p["SR"] for p in curve))
+    base_s, method_s = (next(p["elapsed_s"] for p in c if p["SR"] >= level) for c in (baseline, curve))
+    return {"common_SR": level, "time_to_common_s": method_s, "baseline_time_to_common_s": base_s,
+            "speedup_at_common_SR": base_s / method_s if method_s > 0 else None}
+
+
+def comparison_rows(runs: dict[str, dict[int, Path]]) -> list[dict[str, Any]]:
+    """One row per strategy of ``runs`` (strategy -> training seed -> run directory, in that order) with its
+    aggregates and, against a ``vanilla`` row with finished runs, its speedups (else None)."""
+    methods = [method_row(s, [run_row(s, seed, path) for seed, path in by_seed.items()]) for s, by_seed in runs.items()]
+    base = next((m for m in methods if m["strategy"] == BASELINE and m["train_s"]), None)
+    base_times = [r["train_s"] for r in base["runs"] if r["finished"]] if base else []
+    for m in methods:
+        times = [r["train_s"] for r in m["runs"] if r["finished"]]
+        m["speedup"] = base["train_s"]["mean"] / m["train_s"]["mean"] if base and m["train_s"] else None
+        m["speedup_ci95"] = speedup_interval(base_times, times) if m["speedup"] and m is not base else None
+        m.update(time_to_common_sr(base["curve"] if base else [], m["curve"]))
+    return methods
+
+
+def comparison_table(methods: list[dict[str, Any]]) -> str:
+    """The methods as a markdown table in the paper's layout: a column per split where the evaluations report splits
+    apart, Score only where some method has one, the speedups only with a ``vanilla`` row."""
+    splits = sorted({split for m in methods for split in m["splits"]})
+
+    def split_cell(split: str, metric: str) -> Callable[[dict[str, Any]], str]:
+        return lambda m: _pm((m["splits"].get(split) or {}).get(metric))
+
+    columns: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("Method", lambda m: m["method"]),
+        ("Seeds", _seeds),
+        ("SR (%)", lambda m: _pm(m["SR"])), *((f"SR {s}", split_cell(s, "SR")) for s in splits)]
+    columns += [("Score", lambda m: _pm(m["Score"]))] if any(m["Score"] for m in methods) else []
+    columns += [("Round", lambda m: _pm(m["Round"])), *((f"Round {s}", split_cell(s, "Round")) for s in splits),
+                ("Train (s)", lambda m: _pm(m["train_s"], ".0f")),
+                ("Transitions", lambda m: _pm(m["transitions"], ".0f")),
+                ("Transitions/s", lambda m: _pm(m["transitions_per_s"], ".2f"))]
+    if any(m["strategy"] == BASELINE for m in methods):
+        columns += [
+            (f"Speedup vs {METHODS[BASELINE]} (95% CI)", lambda m: _fmt(m["speedup"], ".2f", "x")
+             + (f" [{m['speedup_ci95'][0]:.2f}, {m['speedup_ci95'][1]:.2f}]" if m["speedup_ci95"] else "")),
+            ("Common SR (%)", lambda m: _fmt(m["common_SR"], ".1f")),
+            (f"Time to it (s): method / {METHODS[BASELINE]}",
+             lambda m: f"{_fmt(m['time_to_common_s'], '.0f')} / {_fmt(m['baseline_time_to_common_s'], '.0f')}"),
+            ("Speedup at common SR", lambda m: _fmt(m["speedup_at_common_SR"], ".2f", "x"))]
+    return _markdown(columns, methods)
+
+
+def runs_table(methods: list[dict[str, Any]]) -> str:
+    """Every run of every method as a markdown table: its last evaluation (mean ± SD over the evaluation seeds,
+    pooled 95% interval), wall-clock and transitions; a run still going shows its latest figures."""
+    runs = [r for m in methods for r in m["runs"]]
+    splits = sorted({split for r in runs for split in r["splits"]})
+    columns: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("Method", lambda r: r["method"]), ("Seed", lambda r: str(r["seed"])),
+        ("Finished", lambda r: "yes" if r["finished"] else "no"),
+        ("Eval at update", lambda r: _fmt(r["eval_update"], "d")),
+        ("SR (%)", lambda r: _pm(r["SR"])), ("SR 95% CI (pooled)", lambda r: _ci(r["SR_ci95_pooled"])),
+        *((f"SR {s}", lambda r, s=s: _pm((r["splits"].get(s) or {}).get("SR"))) for s in splits)]
+    columns += [("Score", lambda r: _pm(r["Score"]))] if any(r["Score"] for r in runs) else []
+    columns += [("Round", lambda r: _pm(r["Round"])), ("Train (s)", lambda r: _fmt(r["train_s"], ".0f")),
+                ("Transitions", lambda r: _fmt(r["transitions"], "d")),
+                ("Transitions/s", lambda r: _fmt(r["transitions_per_s"], ".2f"))]
+    return _markdown(columns, runs)
+
+
+def plot_comparison(methods: list[dict[str, Any]], path: str | Path, *, teacher_sr: float | None = None) -> Path | None:
+    """Figure 5: each method's mean SR over seeds at every evaluated update against the mean training wall-clock
+    there, with the SD over seeds as error bars (the pooled 95% interval with one seed), and ``teacher_sr``
+    (percent) as a dashed line, written to ``path``; None without matplotlib."""
     fig = new_figure(COMPARISON_SIZE)
     if fig is None:
         return None
     ax = fig.subplots()
-    for strategy, run_dir in run_dirs.items():
-        xs, ys, err = sr_points(read_records(Path(run_dir) / "evals.jsonl"))
-        if xs:
-            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, label=METHODS.get(strategy, strategy))
+    for m in methods:
+        if m["curve"]:
+            ax.errorbar([p["elapsed_s"] for p in m["curve"]], [p["SR"] for p in m["curve"]],
+                        yerr=sr_error_bars(m["curve"]), marker="o", capsize=3,
+                        label=f"{m['method']} ({len(m['seeds'])} seed{'s' if len(m['seeds']) > 1 else ''})")
     if not ax.get_legend_handles_labels()[0]:
         ax.text(0.5, 0.5, "no evaluation yet", transform=ax.transAxes, ha="center", va="center", color="gray")
     if teacher_sr is not None:
@@ -98,57 +246,76 @@ def plot_comparison(run_dirs: dict[str, Path], path: str | Path, *, teacher_sr: 
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize="small")
     ax.set_ylim(0, 100)
-    ax.set_xlabel("training wall-clock (s, evaluation excluded)")
-    ax.set_ylabel("success rate (%)")
+    ax.set_xlabel("training wall-clock (s, evaluation excluded; mean over seeds)")
+    ax.set_ylabel("success rate (%, mean over seeds)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path)
 
 
-def write_comparison(run_dirs: dict[str, Path], out: str | Path, *, teacher: dict[str, Any] | None = None) -> str:
-    """``comparison.json``, ``comparison.md`` and ``comparison.png`` under ``out``, with the teacher's evaluation
-    summary (``EvalReport.summary()``) as the reference where given; returns the markdown."""
+def write_comparison(runs: dict[str, dict[int, Path]], out: str | Path, *,
+                     teacher: dict[str, Any] | None = None) -> str:
+    """``comparison.json``, ``comparison.md`` and ``comparison.png`` under ``out`` for ``runs`` (strategy ->
+    training seed -> run directory), with the teacher's evaluation summary (``EvalReport.summary()``) as the
+    reference where given; returns the markdown."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = comparison_rows(run_dirs)
-    table = comparison_table(rows)
+    methods = comparison_rows(runs)
     teacher_sr = ((teacher or {}).get("SR") or {}).get("mean")
+    text = comparison_table(methods) + (
+        "\n\nMean ± SD over training seeds (finished runs); a run's SR, Score and Round are its last evaluation's "
+        "means over the evaluation seeds. Train: training wall-clock (C.3). Speedup: mean Vanilla OPD train / mean "
+        f"method train, 95% percentile bootstrap over training seeds ({BOOTSTRAP_RESAMPLES:,} resamples). Common SR: "
+        "the lower of the method's and Vanilla OPD's best mean SR; time to it: the first evaluation reaching it.")
     if teacher_sr is not None:
-        table += f"\n\nTeacher: SR {_pm(teacher['SR'])} %, pooled 95% CI {_ci(teacher.get('SR_ci95_pooled'))}"
-    (out / "comparison.json").write_text(
-        json.dumps(_finite({"rows": rows, "teacher": teacher}), indent=1, allow_nan=False) + "\n")
-    (out / "comparison.md").write_text(table + "\n")
-    plot_comparison(run_dirs, out / "comparison.png", teacher_sr=teacher_sr)
-    return table
+        text += f"\n\nTeacher: SR {_pm(teacher['SR'])} %, pooled 95% CI {_ci(teacher.get('SR_ci95_pooled'))}"
+    text += "\n\nRuns (SR: mean ± SD over the evaluation seeds):\n\n" + runs_table(methods)
+    (out / "comparison.json").write_text(json.dumps(_finite({
+        "methods": methods, "teacher": teacher,
+        "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED}}), indent=1, allow_nan=False) + "\n")
+    (out / "comparison.md").write_text(text + "\n")
+    plot_comparison(methods, out / "comparison.png", teacher_sr=teacher_sr)
+    return text
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The command line; refuses an unknown or repeated strategy and overrides of what the comparison sets."""
+    """The command line; refuses an unknown or repeated strategy or seed and overrides of what the comparison sets."""
     parser = argparse.ArgumentParser(prog="python -m actfirst.compare", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=None, help="YAML TrainConfig (default: the CPU demo config)")
     parser.add_argument("--strategies", nargs="+", default=["vanilla", "actfirst"], metavar="STRATEGY",
                         help=f"rollout strategies to compare, of {', '.join(STRATEGIES)}")
-    parser.add_argument("--out", default="runs/compare", help="one run per strategy in <out>/<strategy>")
-    parser.add_argument("--resume", action="store_true", help="continue each run from its latest checkpoint")
+    parser.add_argument("--seeds", nargs="+", default=None, metavar="K",
+                        help="training seeds, one run per strategy and seed (default: the config's seed)")
+    parser.add_argument("--out", default="runs/compare",
+                        help="one run per strategy and seed in <out>/<strategy>/seed<K>")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip finished runs, continue started ones from their latest checkpoint")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides applied to every run")
     args = parser.parse_args(argv)
     # ``--strategies a b key=value`` hands the overrides to --strategies (nargs="+" is greedy): take them back.
-    args.overrides += [s for s in args.strategies if "=" in s]
+    listed = args.strategies + (args.seeds or [])
+    args.overrides += [s for s in listed if "=" in s]
     args.strategies = [s for s in args.strategies if "=" not in s]
     unknown = [s for s in args.strategies if s not in STRATEGIES]
     if unknown:
         parser.error(f"unknown strategy {', '.join(map(repr, unknown))} (known: {', '.join(STRATEGIES)})")
     if not args.strategies or len(set(args.strategies)) != len(args.strategies):
         parser.error(f"--strategies {' '.join(args.strategies)}: give each strategy once")
+    if args.seeds is not None:
+        seeds = [s for s in args.seeds if "=" not in s]
+        if not seeds or not all(s.isdigit() for s in seeds) or len(set(map(int, seeds))) != len(seeds):
+            parser.error(f"--seeds {' '.join(seeds)}: give each training seed once, as an integer >= 0")
+        args.seeds = [int(s) for s in seeds]
     for item in args.overrides:
-        if item.split("=", 1)[0].strip() in ("rollout.strategy", "out_dir"):
-            parser.error(f"override {item!r}: set by the comparison (use --strategies and --out)")
+        if item.split("=", 1)[0].strip() in ("rollout.strategy", "seed", "out_dir"):
+            parser.error(f"override {item!r}: set by the comparison (use --strategies, --seeds and --out)")
     return args
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    """Load and prepare every strategy's config, train each run, write and print the comparison."""
+    """Load and prepare every run's config, train each run (under ``--resume`` only those not finished), write and
+    print the comparison."""
     args = parse_args(argv)
     from actfirst.eval_report import teacher_summary
     from actfirst.prepare import check_inputs, ensure_prepared
@@ -157,39 +324,87 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     check_writable_dir(out, "--out")
-    # every config first: a bad one is refused before hours of training
-    configs = {s: load_run_config(args.config, [*args.overrides, f"rollout.strategy={s}", f"out_dir={out / s}"])
-               for s in args.strategies}
+    seeds = args.seeds or [load_run_config(args.config, args.overrides).seed]
+    # every config first: a bad one is refused before hours of training; seed by seed, so that a killed comparison
+    # has every method of its first seeds
+    configs = {(s, k): load_run_config(args.config, [*args.overrides, f"rollout.strategy={s}", f"seed={k}",
+                                                     f"out_dir={run_dir(out, s, k)}"])
+               for k in seeds for s in args.strategies}
     existing = [cfg.out_dir for cfg in configs.values() if (Path(cfg.out_dir) / "metrics.jsonl").exists()]
     if existing and not args.resume:
         raise ConfigError(f"--out={args.out!r}: {', '.join(existing)} already hold a run; pass --resume to "
                           f"continue, or choose another --out")
-    for cfg in configs.values():
+    states = {key: run_state(cfg) if args.resume else NEW for key, cfg in configs.items()}
+    todo = {key: cfg for key, cfg in configs.items() if states[key] != FINISHED}
+    for cfg in todo.values():
         check_inputs(cfg, buildable=True)
-    for cfg in configs.values():
-        ensure_prepared(cfg)
-    for strategy, cfg in configs.items():
-        print(f"== {METHODS[strategy]} ({strategy}) -> {cfg.out_dir}", flush=True)
-        train(cfg, resume=args.resume)
-    teacher = teacher_summary(next(iter(configs.values())).teacher)  # one teacher: only the strategy differs
-    print(write_comparison({s: Path(cfg.out_dir) for s, cfg in configs.items()}, out, teacher=teacher))
+    for cfg in todo.values():
+        ensure_prepared(cfg)  # the first builds what is missing (the warm start included), the others find it
+    for (strategy, seed), cfg in configs.items():
+        what = f"== {METHODS[strategy]} ({strategy}), seed {seed}"
+        if states[(strategy, seed)] == FINISHED:
+            print(f"{what}: finished in {cfg.out_dir}, not trained again", flush=True)
+            continue
+        print(f"{what} -> {cfg.out_dir}{' (resumed)' if states[(strategy, seed)] == STARTED else ''}", flush=True)
+        train(cfg, resume=states[(strategy, seed)] == STARTED)
+    teacher = teacher_summary(next(iter(configs.values())).teacher)  # one teacher: only strategy and seed differ
+    runs = {s: {k: Path(configs[(s, k)].out_dir) for k in seeds} for s in args.strategies}
+    print(write_comparison(runs, out, teacher=teacher))
     print(f"comparison: {out / 'comparison.md'}, {out / 'comparison.json'}, {out / 'comparison.png'}")
     return 0
 
 
+def _missing(value: float | None) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _over_seeds(values: Sequence[float | None]) -> dict[str, float] | None:
+    """Mean and sample SD of the values present (None when there are none; the SD of one value is NaN)."""
+    present = [v for v in values if not _missing(v)]
+    if not present:
+        return None
+    mean, sd = mean_sd(present)
+    return {"mean": mean, "sd": sd}
+
+
+def _sr_curve(evals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Update, training wall-clock, SR (mean over the evaluation seeds) and pooled interval of each evaluation that
+    has them."""
+    curve = []
+    for record in evals:
+        summary = record.get("summary") or {}
+        sr = (summary.get("SR") or {}).get("mean")
+        if record.get("elapsed_s") is not None and not _missing(sr):
+            curve.append({"update": record["update"], "elapsed_s": record["elapsed_s"], "SR": sr,
+                          "SR_ci95_pooled": summary.get("SR_ci95_pooled")})
+    return curve
+
+
+def _seeds(method: dict[str, Any]) -> str:
+    """The method's finished runs, and how many are not."""
+    unfinished = f" (+{len(method['unfinished'])} unfinished)" if method["unfinished"] else ""
+    return f"{len(method['seeds'])}{unfinished}"
+
+
+def _markdown(columns: list[tuple[str, Callable[[dict[str, Any]], str]]], rows: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(head for head, _ in columns) + " |", "|---|" + "---:|" * (len(columns) - 1)]
+    lines += ["| " + " | ".join(cell(row) for _, cell in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
 def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
-    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+    return "n/a" if _missing(value) else f"{value:{spec}}{suffix}"
 
 
 def _ci(interval: list[float | None] | None) -> str:
-    return f"[{interval[0]:.1f}, {interval[1]:.1f}]" if interval and None not in interval else "n/a"
+    return f"[{interval[0]:.1f}, {interval[1]:.1f}]" if interval and not any(map(_missing, interval)) else "n/a"
 
 
-def _pm(stat: dict[str, Any] | None) -> str:
-    """``mean ± sd`` of a summary metric (the SD of a single seed is n/a)."""
-    if not stat or stat.get("mean") is None:
+def _pm(stat: dict[str, Any] | None, spec: str = ".1f") -> str:
+    """``mean ± sd`` of a statistic (the SD of a single value is n/a)."""
+    if not stat or _missing(stat.get("mean")):
         return "n/a"
-    return f"{stat['mean']:.1f} ± {_fmt(stat.get('sd'), '.1f')}"
+    return f"{stat['mean']:{spec}} ± {_fmt(stat.get('sd'), spec)}"
 
 
 if __name__ == "__main__":

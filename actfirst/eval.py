@@ -1,6 +1,7 @@
 """Evaluation of a student checkpoint (Appendix C.1, C.4): think-then-act without references, the evaluation
 thinking budget, seeds 42, 43, 44; SR, Score (ScienceWorld, WebShop), Round, mean and sample SD over the seeds,
-overall and per task type (ALFWorld: seen and unseen pooled).
+overall, per task type (ALFWorld: seen and unseen pooled) and per evaluation split (``Benchmark.task_split``:
+ALFWorld's valid_seen and valid_unseen apart, as Table 1 reports them).
 
 ::
 
@@ -175,7 +176,8 @@ async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any]
                 actions=[t.action for t in episode.turns],
                 response_tokens=[len(r.token_ids) for r in episode.full_responses],
                 response_hashes=[response_hash(r.token_ids) for r in episode.full_responses],
-                truncated_responses=sum(r.truncated for r in episode.full_responses), failure=episode.failure))
+                truncated_responses=sum(r.truncated for r in episode.full_responses), failure=episode.failure,
+                split=benchmark.task_split(tasks[index])))
             if episode.failure is not None:
                 print(f"[eval] seed {seed} task {episode.task}: episode failed ({episode.failure})",
                       file=sys.stderr, flush=True)

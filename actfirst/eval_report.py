@@ -10,6 +10,8 @@ Everything here is pure arithmetic on :class:`EpisodeRecord` rows; :func:`actfir
   seed. The seeds replay the same tasks, so the pooled episodes are not independent draws of tasks: the interval
   describes sampling noise on this task set, not task-sampling uncertainty.
 - Score is reported only where the benchmark has partial scores (ScienceWorld, WebShop; C.1: not ALFWorld).
+- Splits: where the benchmark reports evaluation splits apart (ALFWorld's valid_seen and valid_unseen, C.1), each
+  episode carries its split and every summary can be restricted to one; the overall and per-type rows pool them.
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class EpisodeRecord:
     """Full responses that ended at the budget without a closed action field (B.3)."""
     failure: str | None = None
     """Why the episode was cut short (a worker died, the environment raised), else None."""
+    split: str | None = None
+    """The evaluation split the task is reported under (``Benchmark.task_split``: ALFWorld's valid_seen or
+    valid_unseen), else None; reports stored before splits were recorded load with None."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -219,17 +224,25 @@ class EvalReport:
         """Episodes cut short by a dead worker or an environment error (counted as failures)."""
         return [r for r in self.episodes if r.failure is not None]
 
-    def records(self, row: str = OVERALL, seed: int | None = None) -> list[EpisodeRecord]:
-        return [r for r in self.episodes if (row == OVERALL or r.task_type == row) and (seed is None or r.seed == seed)]
+    @property
+    def splits(self) -> list[str]:
+        """The evaluation splits the episodes carry, sorted (none where the benchmark reports no splits apart)."""
+        return sorted({r.split for r in self.episodes if r.split is not None})
 
-    def per_seed(self, row: str = OVERALL) -> dict[int, dict[str, float]]:
-        """Eq. 33 for each seed, on ``row``'s episodes."""
-        return {seed: episode_metrics(self.records(row, seed)) for seed in self.seeds}
+    def records(self, row: str = OVERALL, seed: int | None = None, split: str | None = None) -> list[EpisodeRecord]:
+        """``row``'s episodes (of ``seed`` and of ``split`` when given)."""
+        return [r for r in self.episodes if (row == OVERALL or r.task_type == row) and (seed is None or r.seed == seed)
+                and (split is None or r.split == split)]
 
-    def summary(self, row: str = OVERALL) -> dict[str, Any]:
-        """``row``'s metrics across seeds (Eq. 34) with their per-seed values, and the pooled Wilson interval."""
-        per_seed = self.per_seed(row)
-        pooled = self.records(row)
+    def per_seed(self, row: str = OVERALL, split: str | None = None) -> dict[int, dict[str, float]]:
+        """Eq. 33 for each seed, on ``row``'s episodes (of ``split`` when given)."""
+        return {seed: episode_metrics(self.records(row, seed, split)) for seed in self.seeds}
+
+    def summary(self, row: str = OVERALL, split: str | None = None) -> dict[str, Any]:
+        """``row``'s metrics across seeds (Eq. 34) with their per-seed values, and the pooled Wilson interval; of
+        ``split``'s episodes alone when given."""
+        per_seed = self.per_seed(row, split)
+        pooled = self.records(row, split=split)
         successes = sum(r.success for r in pooled)
         lo, hi = wilson_interval(successes, len(pooled))
         out: dict[str, Any] = {"tasks": len({r.index for r in pooled}), "episodes": len(pooled),
@@ -253,6 +266,7 @@ class EvalReport:
         return _finite({
             "benchmark": self.benchmark, "seeds": list(self.seeds), "metrics": list(self.metrics),
             "rows": self.rows, "summary": {row: self.summary(row) for row in self.rows},
+            "splits": {split: self.summary(split=split) for split in self.splits},
             "responses": self.responses(),
             "failures": [{"seed": r.seed, "index": r.index, "task": r.task, "reason": r.failure}
                          for r in self.failures],
@@ -263,17 +277,18 @@ class EvalReport:
         return json.dumps(self.to_dict(), indent=indent, default=str, allow_nan=False)
 
     def table(self) -> str:
-        """A markdown table: overall and each task type; each metric as mean ± sample SD over the seeds."""
+        """A markdown table: overall, each split (where the episodes carry one) and each task type; each metric as
+        mean ± sample SD over the seeds."""
         lines = [f"{self.benchmark}: {len(self.seeds)} seed(s) {', '.join(map(str, self.seeds))} x "
                  f"{len(self.records(OVERALL, self.seeds[0])) if self.seeds else 0} tasks; mean ± SD over seeds",
                  "", "| Task type | Tasks | " + " | ".join(self.metrics) + " | SR 95% CI (pooled) |",
                  "|---|---:|" + "---:|" * len(self.metrics) + "---:|"]
-        for row in self.rows:
-            s = self.summary(row)
+        entries = [("Overall", self.summary()), *((split, self.summary(split=split)) for split in self.splits),
+                   *((row, self.summary(row)) for row in self.task_types)]
+        for name, s in entries:
             cells = [_pm(s[m]["mean"], s[m]["sd"]) for m in self.metrics]
             lo, hi = s["SR_ci95_pooled"]
-            lines.append(f"| {'Overall' if row == OVERALL else row} | {s['tasks']} | " + " | ".join(cells)
-                         + f" | [{lo:.1f}, {hi:.1f}] |")
+            lines.append(f"| {name} | {s['tasks']} | " + " | ".join(cells) + f" | [{lo:.1f}, {hi:.1f}] |")
         lines.append("")
         lines.append(f"Episodes: {len(self.episodes)}, failed (worker died or environment error): "
                      f"{len(self.failures)}")

@@ -205,6 +205,33 @@ def test_report_statistics_by_hand():
     assert "failed (worker died or environment error): 1" in table
 
 
+def test_split_summaries_by_hand():
+    """ALFWorld's valid_seen and valid_unseen apart: each summary restricted to its episodes, the overall and per-type
+    rows pooling both; a stored report without splits still loads."""
+    # seed 42: seen tasks 0, 1 won (3 and 5 turns), unseen task 2 lost (30); seed 43: seen 0 won, 1 lost, unseen won.
+    outcomes = {42: [(1, 3), (1, 5), (0, 30)], 43: [(1, 4), (0, 30), (1, 10)]}
+    episodes = [dataclasses.replace(record(seed, i, "Pick", bool(won), 100.0 * won, turns),
+                                    split="valid_seen" if i < 2 else "valid_unseen")
+                for seed, eps in outcomes.items() for i, (won, turns) in enumerate(eps)]
+    report = EvalReport(benchmark="alfworld", seeds=[42, 43], task_types=["Pick"], episodes=episodes)
+    assert report.splits == ["valid_seen", "valid_unseen"]
+    seen, unseen = report.summary(split="valid_seen"), report.summary(split="valid_unseen")
+    assert seen["SR"]["per_seed"] == [100.0, 50.0] and seen["Round"]["per_seed"] == [4.0, 17.0]
+    assert (seen["tasks"], seen["episodes"], seen["successes"]) == (2, 4, 3)
+    assert seen["SR_ci95_pooled"] == pytest.approx([100 * x for x in wilson_interval(3, 4)])
+    assert unseen["SR"]["per_seed"] == [0.0, 100.0] and unseen["Round"]["per_seed"] == [30.0, 10.0]
+    assert report.summary()["SR"]["per_seed"] == pytest.approx([200 / 3, 200 / 3])  # pooled
+    assert report.summary("Pick", split="valid_unseen")["episodes"] == 2
+    data = json.loads(report.to_json())
+    assert data["splits"]["valid_unseen"]["SR"]["mean"] == 50.0 and data["episodes"][2]["split"] == "valid_unseen"
+    assert [line.split("|")[1].strip() for line in report.table().splitlines() if line.startswith("| ")][1:] == [
+        "Overall", "valid_seen", "valid_unseen", "Pick"]
+    stored = {k: v for k, v in data["episodes"][0].items() if k != "split"}  # a report written before splits
+    old = EpisodeRecord(**stored)
+    assert old.split is None
+    assert EvalReport("alfworld", [42], ["Pick"], [old]).splits == []
+
+
 def test_pick_tasks_spreads_over_types_and_splits(alfworld_games):
     benchmark = get_benchmark("alfworld", ALFWorldConfig())
     # Each type twice as "seen" then twice as "unseen", seen games listed first (as ALFWorld's eval split does).

@@ -133,6 +133,11 @@ class Benchmark(abc.ABC):
     def task_type(self, task: Any) -> str:
         """The task's type, for per-type reporting and selection."""
 
+    def task_split(self, task: Any) -> str | None:
+        """The evaluation split the task is reported under apart from the others (None: the benchmark reports its
+        evaluation tasks together)."""
+        return None
+
     def tasks(self, split: str) -> list:
         """The tasks of ``split``: "train" or "eval" (Appendix C.1)."""
         if split not in SPLITS:
@@ -178,6 +183,8 @@ class ALFWorldBenchmark(Benchmark):
                   "pick_clean_then_place_in_recep": "Clean", "pick_heat_then_place_in_recep": "Heat",
                   "pick_cool_then_place_in_recep": "Cool", "pick_two_obj_and_place": "Pick2"}
     """ALFRED task type -> the name Table 1 reports it under."""
+    EVAL_SPLITS = ("valid_seen", "valid_unseen")
+    """The evaluation splits, reported apart (C.1) and pooled in the overall and per-type rows."""
 
     def make_env(self) -> TextEnv:
         from actfirst.envs.alfworld_env import ALFWorldTextEnv
@@ -204,11 +211,16 @@ class ALFWorldBenchmark(Benchmark):
             raise ValueError(f"task_type={task.task_type!r} ({task.game_file}): not one of {list(self.TASK_TYPES)}")
         return self.TASK_TYPES[task.task_type]
 
+    def task_split(self, task) -> str | None:
+        """valid_seen or valid_unseen: the split folder that holds the game (``json_2.1.1/<split>/...`` or the
+        generated ``<generated_dir>/<split>/...``); None for a game outside them (a training game)."""
+        return next((part for part in reversed(Path(task.game_file).parts) if part in self.EVAL_SPLITS), None)
+
     def _tasks(self, split: str) -> list:
-        """train: ALFWorld's train split; eval: valid_seen and valid_unseen pooled (C.1)."""
+        """train: ALFWorld's train split; eval: valid_seen and valid_unseen, in that order (C.1)."""
         from actfirst.envs.alfworld_games import alfworld_split
 
-        names = ["train"] if split == "train" else ["valid_seen", "valid_unseen"]
+        names = ["train"] if split == "train" else list(self.EVAL_SPLITS)
         return [task for name in names for task in alfworld_split(
             name, self.config.generated_dir, per_type=self.config.games_per_type, seed=self.config.seed)]
 

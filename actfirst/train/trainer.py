@@ -661,7 +661,8 @@ class Trainer:
         (self.out_dir / "evals").mkdir(exist_ok=True)
         (self.out_dir / name).write_text(report.to_json())
         summary = report.summary()
-        row = {"update": update, "elapsed_s": elapsed, "eval_wall_s": wall, "report": name, "summary": summary}
+        row = {"update": update, "elapsed_s": elapsed, "eval_wall_s": wall, "report": name, "summary": summary,
+               "splits": {split: report.summary(split=split) for split in report.splits}}
         with (self.out_dir / "evals.jsonl").open("a") as f:
             f.write(json.dumps(row, default=str) + "\n")
         self.eval_kept += wall

@@ -57,6 +57,20 @@ def test_scienceworld_simplifications_are_the_simulators():
         ScienceWorldConfig(train_task_types=["boil"], simplification="easy,hard")
 
 
+def test_the_evaluation_split_of_a_task():
+    """ALFWorld's split is the folder that holds the game, downloaded (json_2.1.1/<split>/<task>/<trial>/) or
+    generated (<generated_dir>/<split>/<task>-<i>/); the other benchmarks report their evaluation tasks together."""
+    from actfirst.envs.alfworld_env import ALFWorldTask
+
+    alfworld = get_benchmark("alfworld", ALFWorldConfig())
+    for game, split in [("/d/json_2.1.1/valid_seen/look_at_obj_in_light-Box-None-DeskLamp-1/trial_T1/game.tw-pddl",
+                         "valid_seen"), ("/g/valid_unseen/pick_two_obj_and_place-0003/game.tw-pddl", "valid_unseen"),
+                        ("/g/train/pick_two_obj_and_place-0003/game.tw-pddl", None)]:
+        assert alfworld.task_split(ALFWorldTask(game, "pick_two_obj_and_place")) == split
+    webshop = get_benchmark("webshop")
+    assert webshop.task_split(4096) is None
+
+
 def test_alfworld_splits_pool_seen_and_unseen_and_name_task_types(alfworld_games, tmp_path, monkeypatch):
     # A download-shaped tree (json_2.1.1/<split>/<task>/<trial>/) holding the generated games.
     data = tmp_path / "data" / "json_2.1.1"
@@ -70,6 +84,8 @@ def test_alfworld_splits_pool_seen_and_unseen_and_name_task_types(alfworld_games
     train, evaluation = alfworld.tasks("train"), alfworld.tasks("eval")
     assert len(train) == 6 and len(evaluation) == 3  # C.1: valid_seen and valid_unseen pooled
     assert {t.game_file.split("/")[-4] for t in evaluation} == {"valid_seen", "valid_unseen"}
+    assert [alfworld.task_split(t) for t in evaluation] == ["valid_seen"] * 2 + ["valid_unseen"]  # reported apart
+    assert {alfworld.task_split(t) for t in train} == {None}
     assert sorted(alfworld.task_type(t) for t in train) == sorted(["Pick", "Look", "Clean", "Heat", "Cool", "Pick2"])
     assert alfworld.task_key(train[0]) == train[0].game_file.split("/")[-2]
     assert not (tmp_path / "unused").exists()  # the download is used, nothing generated
