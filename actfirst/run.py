@@ -165,6 +165,7 @@ def write_summary(cfg: TrainConfig, args: argparse.Namespace, result: TrainResul
                "sr_change": run_sr_change(Path(cfg.out_dir), evals), "probe_gaps": result.probe_gaps,
                "throughput": {k.removeprefix("throughput/"): last.get(k) for k in (
                    "throughput/full_window", "throughput/first_600s", "throughput/window_s")},
+               "rollout_speedup_model": {k: last.get(f"speedup/run_{k}") for k in ("measured", "eq36", "eq26")},
                "transitions": result.num_transitions, "weight_version": result.weight_version,
                "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
     (Path(cfg.out_dir) / "run_summary.json").write_text(json.dumps(summary, indent=1))
@@ -197,6 +198,11 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
         lines.append(f"  environment transitions per second (C.5, Eq. 37): {rate['full_window']:.2f} over the training "
                      f"window ({rate['window_s']:.0f} s), {rate['first_600s']:.2f} over its first "
                      f"{min(600, rate['window_s']):.0f} s")
+    model = summary["rollout_speedup_model"]
+    if model["eq36"] is not None:
+        lines.append(f"  rollout speedup over Vanilla OPD's Eq. 36 time from this run's requests: measured "
+                     f"{model['measured']:.2f}x, Eq. 36 {model['eq36']:.2f}x, Eq. 26's bound {model['eq26']:.2f}x "
+                     f"(actfirst.train.speedup)")
     teacher = summary["teacher"]
     if teacher is not None:
         lo, hi = teacher["SR_ci95_pooled"]

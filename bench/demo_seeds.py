@@ -49,8 +49,9 @@ def seed_row(seed: int, out_dir: Path, command_s: float | None) -> dict[str, Any
 
 def table(rows: list[dict[str, Any]]) -> str:
     """The seeds as a markdown table, with the verdict line."""
-    lines = ["| seed | SR first -> last (%) | change (points) | paired 95% CI | unpaired 95% CI | beyond noise | "
-             "in all (s) | prepare / train / eval / probe (s) |", "|---:|---|---:|---|---|---|---:|---|"]
+    head = ("| seed | SR first -> last (%) | change (points) | paired 95% CI | unpaired 95% CI | beyond noise | "
+            "in all (s) | prepare / train / eval / probe (s) |")
+    lines = [head, "|---:|---|---:|---|---|---|---:|---|"]
     for r in rows:
         c, w = r["change"], r["wall_clock"]
         lines.append(f"| {r['seed']} | {r['first_sr']:.1f} -> {r['last_sr']:.1f} | {c['points']:+.1f} | "
@@ -59,9 +60,9 @@ def table(rows: list[dict[str, Any]]) -> str:
                      f"{w['prepare_s']:.0f} / {w['train_s']:.0f} / {w['eval_s']:.0f} / {w['probe_s']:.0f} |")
     up = sum(r["up"] for r in rows)
     below = sum(r["below_start"] for r in rows)
-    lines += ["", f"{up} of {len(rows)} seeds end beyond the first evaluation by the paired interval; {below} end "
-                  f"below where they started; the longest run took {max(r['wall_clock']['total_s'] for r in rows):.0f}"
-                  f" s in all."]
+    longest = max(r["wall_clock"]["total_s"] for r in rows)
+    lines += ["", (f"{up} of {len(rows)} seeds end beyond the first evaluation by the paired interval; {below} end "
+                   f"below where they started; the longest run took {longest:.0f} s in all.")]
     return "\n".join(lines)
 
 

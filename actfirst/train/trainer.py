@@ -81,6 +81,8 @@ from actfirst.train.head import LMHeadModel
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
 from actfirst.train.plots import WALL_CLOCK, plot_training_curve, read_records
 from actfirst.train.sample import Sample
+from actfirst.train.speedup import FIELDS as SPEEDUP_FIELDS
+from actfirst.train.speedup import EpisodeLatencies, batch_times, speedups
 from actfirst.train.state import load_training_checkpoint, save_training_checkpoint
 from actfirst.train.student import StudentUpdater
 from actfirst.train.teacher import TeacherScorer
@@ -178,6 +180,8 @@ class UpdateStats:
     wall_s: float = 0.0
     early: int = 0
     """Transitions completed within the first :data:`EARLY_WINDOW_S` of the throughput window."""
+    times: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(SPEEDUP_FIELDS, 0.0))
+    """The rollout batches' measured completion times and Eq. 25/36's (``actfirst.train.speedup``), summed."""
     records: list[RequestRecord] = dataclasses.field(default_factory=list)
     """The engine's requests (queue statistics)."""
     interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
@@ -225,6 +229,8 @@ class Trainer:
         """C.5's throughput windows start here, on the training clock (:meth:`elapsed`): the first rollout batch."""
         self.early_transitions = 0
         """Transitions of every rank completed within :data:`EARLY_WINDOW_S` of the origin."""
+        self.run_times = dict.fromkeys(SPEEDUP_FIELDS, 0.0)
+        """:attr:`UpdateStats.times` of every rank summed over the run (the speedup model's run figures)."""
         self.pending: asyncio.Future | None = None
         self.engine: ActFirstEngine | None = None
         self.intervention: Intervention | None = None
@@ -291,6 +297,7 @@ class Trainer:
         self.total_transitions = trainer_state["total_transitions"]
         self.window_origin = trainer_state.get("window_origin_s")
         self.early_transitions = trainer_state.get("early_transitions", 0)
+        self.run_times.update(trainer_state.get("rollout_times", {}))
         self.first_update, self.elapsed_before = trainer_state["update"] + 1, trainer_state["elapsed_s"]
         self.probe_before = trainer_state.get("probe_s", 0.0)
         self.engine.weight_version = trainer_state["weight_version"]  # the engine loaded the checkpoint's weights
@@ -462,6 +469,10 @@ class Trainer:
         stats.transitions += batch.num_transitions
         to_window = self.elapsed() - time.perf_counter() - self.window_origin  # no evaluation or probe in a batch
         stats.early += sum(t.step_done + to_window <= EARLY_WINDOW_S for e in batch.episodes for t in e.turns)
+        times = batch_times([EpisodeLatencies(e.num_turns, [r.latency_s for r in e.full_responses],
+                                              [t.fast.latency_s for t in e.turns if t.fast is not None])
+                             for e in batch.episodes], wall_s=batch.wall_s, b_max=self.cfg.scheduler.b_max)
+        stats.times = {k: stats.times[k] + times[k] for k in SPEEDUP_FIELDS}
         stats.batches += 1
         stats.failures += [f"{e.task}: {e.failure}" for e in batch.episodes if e.failure]
         stats.interventions += [r for e in batch.episodes for r in e.interventions]
@@ -556,6 +567,8 @@ class Trainer:
         sums = reduce_sum([stats.transitions, stats.batches, stats.generated, stats.discarded, len(self.buffer),
                            stats.dropped, stats.early, *[window[k] for k in keys]])
         transitions, batches, generated, discarded, buffered, dropped, early = (int(x) for x in sums[:7])
+        times = dict(zip(SPEEDUP_FIELDS, reduce_sum([stats.times[k] for k in SPEEDUP_FIELDS])))
+        self.run_times = {k: self.run_times[k] + times[k] for k in SPEEDUP_FIELDS}
         slowest = reduce_max([stats.rollout_s, stats.wall_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
                                        "failures": stats.failures, "records": stats.records,
@@ -568,6 +581,8 @@ class Trainer:
                     for f in p["failures"]]
         record = {
             **metrics, **rollout_rates(dict(zip(keys, sums[7:]))), **self.throughput(),
+            **{f"speedup/{k}": v for k, v in speedups(times).items()},
+            **{f"speedup/run_{k}": v for k, v in speedups(self.run_times).items()},
             "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,
             "overlapped": stats.overlapped, "update_wall_s": slowest[1], "elapsed_s": self.elapsed(),
             "env_steps_per_s": transitions / slowest[1] if slowest[1] > 0 else math.nan,
@@ -614,7 +629,7 @@ class Trainer:
             "weight_version": self.engine.weight_version, "probe_gaps": self.probe_gaps,
             "total_transitions": self.total_transitions, "elapsed_s": self.elapsed(),
             "probe_s": self.probe_before + self.probe_s, "window_origin_s": self.window_origin,
-            "early_transitions": self.early_transitions}
+            "early_transitions": self.early_transitions, "rollout_times": self.run_times}
         rank_state = {
             "buffer": self.buffer.state_dict(), "tasks": self.stream.state_dict(self.benchmark.task_key),
             "probe_contexts": self.probe_contexts, "batch_index": self.batch_index, "recent": list(self.recent),

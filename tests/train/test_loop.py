@@ -50,6 +50,7 @@ def test_the_loop_turns_and_resumes(run_config):
     assert all(0 <= r["clip_frac"] <= 1 and r["num_supervised"] > 0 for r in rows)
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "update_000002"
     check_wall_clock(run_dir, rows)
+    check_rollout_diagnostics(rows)
 
     # A second run without --resume refuses to mix its metrics into this run's.
     proc = subprocess.run([sys.executable, "-m", "actfirst.run", "--config", str(config)], capture_output=True,
@@ -66,6 +67,8 @@ def test_the_loop_turns_and_resumes(run_config):
     # n, the curricula's clock, goes on: update 3 needs a new rollout batch (one gives at most 9 of 12 samples)
     assert rows[2]["rollout/batch_n"] > rows[1]["rollout/batch_n"]
     check_wall_clock(run_dir, rows)
+    check_rollout_diagnostics(rows)
+    assert rows[2]["throughput/window_s"] > rows[1]["throughput/window_s"]  # the window goes on after the resume
 
 
 def test_uopd_through_the_loop_keeps_its_score_buffer_across_resume(run_config, tmp_path):
@@ -103,6 +106,19 @@ def check_wall_clock(run_dir, rows):
     assert all(r["probe_s"] > 0 for r in rows)
     assert abs(wall["probe_s"] - sum(r["probe_s"] for r in rows)) < 1e-6
     assert json.loads((run_dir / "run_summary.json").read_text())["wall_clock"]["train_s"] == wall["train_s"]
+
+
+def check_rollout_diagnostics(rows):
+    """C.5's throughput windows and the speedup model's figures (``actfirst.train.speedup``) in every line: the
+    run's figures are over every rollout batch so far (an update that collected none keeps the run's)."""
+    for r in rows:
+        assert r["throughput/window_s"] > 0 and r["throughput/full_window"] > 0
+        assert r["throughput/first_600s"] == pytest.approx(r["throughput/full_window"], rel=1e-6) \
+            if r["throughput/window_s"] <= 600 else r["throughput/first_600s"] > 0
+        assert r["speedup/run_eq36"] > 0 and r["speedup/run_measured"] > 0 and r["speedup/run_eq26"] > 0
+    collected = [r for r in rows if r["rollout_batches"]]
+    assert collected and all(r["speedup/eq36"] > 0 for r in collected)
+    assert all(r["speedup/eq36"] is None for r in rows if not r["rollout_batches"])
 
 
 def test_bad_config_is_named(run_config, tmp_path):
