@@ -22,6 +22,10 @@ evaluation seeds, ``evals.jsonl``; its training wall-clock is Appendix C.3's fin
 - Time to the common SR: the lower of the method's and Vanilla OPD's best mean-over-seeds evaluation SR, the mean
   training wall-clock of the first evaluation whose mean SR reaches it (for both), and their ratio Vanilla / method:
   a speedup that cannot come from learning less.
+- Sec. 5.4's split: the method's transitions per second and executed transitions over Vanilla OPD's (elapsed time
+  is transitions over throughput, so the speedup is close to the first ratio over the second).
+- The rollout speedup model from each run's own request records (``actfirst.train.speedup``): measured and Eq. 36's
+  prediction against Eq. 36's Vanilla time, mean ± SD over seeds.
 
 ``comparison.md`` also lists every run; ``comparison.json`` holds each method's aggregates, its mean curve and every
 run's own row (run_dir, seed); ``comparison.png`` is Figure 5: per method the mean SR over seeds at each evaluated
@@ -57,6 +61,9 @@ BOOTSTRAP_SEED = 0
 """The bootstrap's RNG seed: the same runs give the same table."""
 COMPARISON_SIZE = (7.0, 4.5)
 """Inches of ``comparison.png``."""
+ROLLOUT_MODEL = ("measured", "eq36", "eq26")
+"""The run's rollout speedup figures (``actfirst.train.speedup``): measured and Eq. 36 against Eq. 36's Vanilla time
+from the run's own requests, and Eq. 26's bound."""
 FINISHED, STARTED, NEW = "finished", "started", "new"
 """A run's state for ``--resume``: skipped, resumed, started."""
 
@@ -96,6 +103,7 @@ def run_row(strategy: str, seed: int, path: str | Path) -> dict[str, Any]:
             "splits": {split: {m: stats.get(m) for m in EVAL_METRICS} for split, stats in splits.items()},
             "train_s": train_s, "transitions": transitions,
             "transitions_per_s": transitions / train_s if train_s and transitions is not None else None,
+            **{f"rollout_{k}": last.get(f"speedup/run_{k}") for k in ROLLOUT_MODEL},
             "curve": _sr_curve(evals)}
 
 
@@ -109,7 +117,8 @@ def method_row(strategy: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
             **{m: _over_seeds([(r[m] or {}).get("mean") for r in done]) for m in EVAL_METRICS},
             "splits": {split: {m: _over_seeds([((r["splits"].get(split) or {}).get(m) or {}).get("mean") for r in done])
                                for m in EVAL_METRICS} for split in splits},
-            **{key: _over_seeds([r[key] for r in done]) for key in ("train_s", "transitions", "transitions_per_s")},
+            **{key: _over_seeds([r[key] for r in done]) for key in ("train_s", "transitions", "transitions_per_s",
+                                                                  *(f"rollout_{k}" for k in ROLLOUT_MODEL))},
             "curve": mean_curve(done), "runs": runs}
 
 
@@ -177,7 +186,21 @@ def comparison_rows(runs: dict[str, dict[int, Path]]) -> list[dict[str, Any]]:
         m["speedup"] = base["train_s"]["mean"] / m["train_s"]["mean"] if base and m["train_s"] else None
         m["speedup_ci95"] = speedup_interval(base_times, times) if m["speedup"] and m is not base else None
         m.update(time_to_common_sr(base["curve"] if base else [], m["curve"]))
+        m.update(speedup_split(base, m))
     return methods
+
+
+def speedup_split(base: dict[str, Any] | None, method: dict[str, Any]) -> dict[str, float | None]:
+    """Sec. 5.4's split of the speedup over Vanilla OPD: the ratio of transitions per second and the ratio of
+    executed transitions (method / Vanilla, means over seeds); the speedup is close to the first over the second
+    (elapsed time = transitions / throughput; close, not equal: a run's time is not all rollout)."""
+    def mean(row: dict[str, Any] | None, key: str) -> float | None:
+        return (row.get(key) or {}).get("mean") if row else None
+
+    rate, count = (mean(method, k) / mean(base, k) if mean(method, k) and mean(base, k) else None
+                   for k in ("transitions_per_s", "transitions"))
+    return {"throughput_ratio": rate, "transitions_ratio": count,
+            "split_speedup": rate / count if rate and count else None}
 
 
 def comparison_table(methods: list[dict[str, Any]]) -> str:
@@ -204,7 +227,12 @@ def comparison_table(methods: list[dict[str, Any]]) -> str:
             ("Common SR (%)", lambda m: _fmt(m["common_SR"], ".1f")),
             (f"Time to it (s): method / {METHODS[BASELINE]}",
              lambda m: f"{_fmt(m['time_to_common_s'], '.0f')} / {_fmt(m['baseline_time_to_common_s'], '.0f')}"),
-            ("Speedup at common SR", lambda m: _fmt(m["speedup_at_common_SR"], ".2f", "x"))]
+            ("Speedup at common SR", lambda m: _fmt(m["speedup_at_common_SR"], ".2f", "x")),
+            ("Transitions/s ratio / transitions ratio (Sec. 5.4)",
+             lambda m: f"{_fmt(m['throughput_ratio'], '.2f')} / {_fmt(m['transitions_ratio'], '.2f')}")]
+    if any(m["rollout_eq36"] for m in methods):
+        columns += [("Rollout speedup measured / Eq. 36 (run's requests)",
+                     lambda m: f"{_pm(m['rollout_measured'], '.2f')} / {_pm(m['rollout_eq36'], '.2f')}")]
     return _markdown(columns, methods)
 
 

@@ -59,16 +59,21 @@ def eval_record(update: int, elapsed_s: float, successes, benchmark: str = "alfw
 
 
 def write_run(run_dir: Path, *, wall: float, transitions: int, evals: list[tuple], benchmark: str = "alfworld",
-              updates: int = 4, final_s: float | None = None, finished: bool = True) -> None:
+              updates: int = 4, final_s: float | None = None, finished: bool = True,
+              rollout: tuple[float, float, float] | None = None) -> None:
     """A run directory: ``updates`` metrics records ending at ``wall`` s and ``transitions`` transitions, the
     evaluations ``(update, elapsed_s, successes)`` (see :func:`eval_report`), and (``finished``) ``wall_clock.json``
-    with ``updates`` updates and the final wall-clock ``final_s`` (default ``wall``)."""
+    with ``updates`` updates and the final wall-clock ``final_s`` (default ``wall``); ``rollout``: the run's rollout
+    speedup model figures (measured, Eq. 36, Eq. 26) in its metrics."""
     run_dir.mkdir(parents=True, exist_ok=True)  # the stand-in trainer rewrites a resumed run
     if finished:
         (run_dir / WALL_CLOCK).write_text(json.dumps({"train_s": wall if final_s is None else final_s,
                                                       "eval_s": 6.0, "probe_s": 1.0, "updates": updates}))
     metrics = [{"update": u, "elapsed_s": wall * u / updates, "total_transitions": transitions * u // updates,
-                "transitions": transitions // updates} for u in range(1, updates + 1)]
+                "transitions": transitions // updates,
+                **({} if rollout is None else dict(zip(("speedup/run_measured", "speedup/run_eq36",
+                                                        "speedup/run_eq26"), rollout)))}
+               for u in range(1, updates + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     rows = [eval_record(u, t, s, benchmark) for u, t, s in evals]
     (run_dir / "evals.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))  # NaN as the trainer
@@ -84,8 +89,10 @@ def runs(tmp_path) -> dict[str, dict[int, Path]]:
             ("actfirst", 1): (120.0, 600, [(0, 0.0, [1, 1, 1]), (2, 60.0, [5, 5, 5]), (4, 120.0, [5, 6, 7])]),
             ("actfirst", 2): (140.0, 700, [(0, 0.0, [1, 1, 1]), (2, 70.0, [4, 4, 4]), (4, 140.0, [7, 7, 7])]),
             ("no_id", 1): (200.0, 500, [(0, 0.0, [1, 1, 1]), (4, 200.0, [4, 4, 4])])}
+    rollout = {("actfirst", 1): (1.5, 2.0, 3.0), ("actfirst", 2): (1.7, 2.2, 3.2)}
     for (strategy, seed), (wall, transitions, evals) in spec.items():
-        write_run(tmp_path / strategy / f"seed{seed}", wall=wall, transitions=transitions, evals=evals)
+        write_run(tmp_path / strategy / f"seed{seed}", wall=wall, transitions=transitions, evals=evals,
+                  rollout=rollout.get((strategy, seed)))
     write_run(tmp_path / "no_id" / "seed2", wall=90.0, transitions=250, evals=[(0, 0.0, [1, 1, 1])], updates=2,
               finished=False)
     return {s: {k: tmp_path / s / f"seed{k}" for k in (1, 2)} for s in ("vanilla", "actfirst", "no_id")}
@@ -147,14 +154,18 @@ def test_table(runs):
     lines = comparison_table(comparison_rows(runs)).splitlines()
     assert lines[0] == ("| Method | Seeds | SR (%) | Round | Train (s) | Transitions | Transitions/s | Speedup vs "
                         "Vanilla OPD (95% CI) | Common SR (%) | Time to it (s): method / Vanilla OPD | Speedup at "
-                        "common SR |")
+                        "common SR | Transitions/s ratio / transitions ratio (Sec. 5.4) | Rollout speedup measured / "
+                        "Eq. 36 (run's requests) |")
     assert len(lines) == 5
+    # Sec. 5.4: transitions/s 5.00 / 2.18 (vanilla: 2.0 and 2.35) and transitions 650 / 700
     assert lines[2] == ("| Vanilla OPD | 2 | 45.0 ± 7.1 | 5.0 ± 0.0 | 320 ± 28 | 700 ± 141 | 2.18 ± 0.25 | 1.00x | "
-                        "45.0 | 320 / 320 | 1.00x |")
+                        "45.0 | 320 / 320 | 1.00x | 1.00 / 1.00 | n/a / n/a |")
     assert lines[3] == ("| ActFirst-OPD | 2 | 65.0 ± 7.1 | 5.0 ± 0.0 | 130 ± 14 | 650 ± 71 | 5.00 ± 0.00 | "
-                        "2.46x [2.14, 2.83] | 45.0 | 65 / 320 | 4.92x |")
+                        "2.46x [2.14, 2.83] | 45.0 | 65 / 320 | 4.92x | 2.30 / 0.93 | 1.60 ± 0.14 / 2.10 ± 0.14 |")
     assert lines[4] == ("| w/o ID | 1 (+1 unfinished) | 40.0 ± n/a | 5.0 ± n/a | 200 ± n/a | 500 ± n/a | "
-                        "2.50 ± n/a | 1.60x | 40.0 | 200 / 160 | 0.80x |")
+                        "2.50 ± n/a | 1.60x | 40.0 | 200 / 160 | 0.80x | 1.15 / 0.71 | n/a / n/a |")
+    actfirst = comparison_rows(runs)[1]
+    assert actfirst["split_speedup"] == pytest.approx((5.0 / ((2.0 + 800 / 340) / 2)) / (650 / 700))
 
 
 def test_alfworld_seen_and_unseen_apart(tmp_path):
@@ -254,10 +265,9 @@ def test_the_trainer_records_splits(tmp_path):
 
     stand_in_trainer = types.SimpleNamespace(
         engine=types.SimpleNamespace(weight_version=3), ctx=types.SimpleNamespace(world_size=1), out_dir=tmp_path,
-        cfg=types.SimpleNamespace(evaluation=types.SimpleNamespace(split="eval")), elapsed=lambda: 42.0,
-        teacher_sr=None)
+        cfg=types.SimpleNamespace(evaluation=types.SimpleNamespace(split="eval")), eval_kept=0.0, teacher_sr=None)
     report = eval_report({"valid_seen": [6, 7], "valid_unseen": [2, 3]})
-    Trainer._record_evaluation(stand_in_trainer, 5, report, 9.0)
+    Trainer._record_evaluation(stand_in_trainer, 5, report, 9.0, 42.0)
     (record,) = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
     assert record == {**eval_record(5, 42.0, {"valid_seen": [6, 7], "valid_unseen": [2, 3]}), "eval_wall_s": 9.0}
     row = run_row("actfirst", 0, tmp_path)
