@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -47,6 +48,21 @@ def seed_row(seed: int, out_dir: Path, command_s: float | None) -> dict[str, Any
             "probe_gaps": [summary["probe_gaps"][0], summary["probe_gaps"][-1]] if summary["probe_gaps"] else None}
 
 
+def spread(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """How much of the seeds' spread in the last SR is evaluation noise and how much training: the variance over
+    seeds, the mean binomial sampling variance of one evaluation (p (1 - p) / n over its episodes, an upper bound:
+    the tasks are fixed) and the difference (training's share, clipped at 0); and the correlation over seeds of the
+    last probe gap with the last SR (does the gap tell which runs learned?). Points squared, None with < 3 seeds."""
+    if len(rows) < 3:
+        return {"sr_var": None, "eval_var": None, "train_var": None, "gap_sr_corr": None}
+    srs = [r["last_sr"] for r in rows]
+    sr_var = statistics.variance(srs)
+    eval_var = statistics.fmean(sr * (100 - sr) / r["episodes"] for sr, r in zip(srs, rows))
+    gaps = [r["probe_gaps"][1] for r in rows if r["probe_gaps"]]
+    corr = statistics.correlation(gaps, srs) if len(gaps) == len(rows) and len(set(gaps)) > 1 else None
+    return {"sr_var": sr_var, "eval_var": eval_var, "train_var": max(0.0, sr_var - eval_var), "gap_sr_corr": corr}
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The seeds as a markdown table, with the verdict line."""
     head = ("| seed | SR first -> last (%) | change (points) | paired 95% CI | unpaired 95% CI | beyond noise | "
@@ -63,6 +79,12 @@ def table(rows: list[dict[str, Any]]) -> str:
     longest = max(r["wall_clock"]["total_s"] for r in rows)
     lines += ["", (f"{up} of {len(rows)} seeds end beyond the first evaluation by the paired interval; {below} end "
                    f"below where they started; the longest run took {longest:.0f} s in all.")]
+    var = spread(rows)
+    if var["sr_var"] is not None:
+        corr = "n/a" if var["gap_sr_corr"] is None else f"{var['gap_sr_corr']:+.2f}"
+        lines.append(f"Last SR over seeds: SD {var['sr_var'] ** 0.5:.1f} points; one evaluation's sampling SD "
+                     f"{var['eval_var'] ** 0.5:.1f}, so training accounts for an SD of about "
+                     f"{var['train_var'] ** 0.5:.1f}; correlation of the last probe gap with the last SR: {corr}.")
     return "\n".join(lines)
 
 
@@ -99,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(seed_row(seed, out / f"seed{seed}", command_s))
     text = table(rows)
     (out / "seeds.md").write_text(text + "\n")
-    (out / "seeds.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (out / "seeds.json").write_text(json.dumps({"seeds": rows, "spread": spread(rows)}, indent=1) + "\n")
     plot(rows, out / "seeds.png")
     print(text)
     return 0
