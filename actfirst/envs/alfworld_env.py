@@ -11,7 +11,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from actfirst.envs.base import TextEnv, Transition
+from actfirst.envs.base import EnvState, TextEnv, Transition
 from actfirst.envs.checks import normalize_set, normalize_text
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -79,6 +79,7 @@ class ALFWorldTextEnv(TextEnv):
         self._turn = 0
         self._task_description = ""
         self._loaded = ""
+        self._state = None  # the game state of the last reset or step
 
     def reset(self, task: ALFWorldTask) -> Transition:
         if task.game_file != self._loaded:  # parsing a game's domain and grammar takes about a second
@@ -95,7 +96,16 @@ class ALFWorldTextEnv(TextEnv):
         self._turn += 1
         return self._transition(state, state["feedback"], done=bool(done), valid=valid)
 
+    def state(self) -> EnvState:
+        """The positive facts of the PDDL state and the won flag (C.5). TextWorld's PddlEnv gathers the facts into
+        every game state it returns (``_facts``, by object id; ``EnvInfos(facts=True)`` adds the same facts under
+        display names), so reading them costs nothing; its facts keep the negated effects of executed actions
+        (``not_...``), which are left out."""
+        facts = sorted(str(fact) for fact in self._state["_facts"] if not fact.is_negation)
+        return EnvState(tuple(facts), bool(self._state["won"]))
+
     def _transition(self, state, observation: str, *, done: bool, valid: bool) -> Transition:
+        self._state = state
         self._admissible = tuple(a for a in state["admissible_commands"] if normalize_text(a) != "help")
         won = bool(state["won"])
         return Transition(observation=observation.strip(), admissible=self._admissible, score=100.0 if won else 0.0,

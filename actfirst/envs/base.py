@@ -56,6 +56,16 @@ class Transition:
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names})
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class EnvState:
+    """The environment state that C.5's state-action pairs compare (rollout quality): what the simulator holds, as
+    its benchmark's ``Benchmark.state_source`` describes it, and the task-success flag."""
+
+    content: tuple[str, ...]
+    """ALFWorld: the positive facts, sorted; ScienceWorld (no facts): its look-around and inventory text."""
+    won: bool
+
+
 class TextEnv(abc.ABC):
     """One benchmark environment instance: one episode at a time."""
 
@@ -73,6 +83,11 @@ class TextEnv(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the simulator (JVM, game process)."""
+
+    def state(self) -> EnvState:
+        """The state after the last reset or step (C.5's state equality), read from what that call already
+        returned; only the benchmarks with a ``Benchmark.state_source`` have one."""
+        raise NotImplementedError(f"benchmark {self.benchmark!r} exposes no environment state")
 
     def _truncated(self, turn: int, done: bool) -> bool:
         """Whether the turn limit truncates this step's episode."""

@@ -78,6 +78,9 @@ class Benchmark(abc.ABC):
     forced_answer_turn: ClassVar[bool] = False
     """Whether evaluation gives an episode truncated at the turn limit one more turn (the environment's
     ``force_answer``; Search, D.5)."""
+    state_source: ClassVar[str | None] = None
+    """What the environment's state (``TextEnv.state``) holds for C.5's state-action pairs; None: no state, so no
+    rollout-quality measurement."""
 
     def __init__(self, config: EnvConfig):
         if not isinstance(config, self.config_class):
@@ -110,6 +113,13 @@ class Benchmark(abc.ABC):
     def valid_action(self, action: str, current: Transition) -> bool:
         """B.5's validity of ``action`` in ``current`` (what the check requires first; an invalid inverse-dynamics
         proposal is replaced before execution)."""
+
+    def executed_valid(self, action: str, current: Transition) -> bool:
+        """C.5's validity of an executed action (rollout quality): parsed (not the empty action) and, stripped of
+        surrounding whitespace, exactly an entry of the admissible-action list (of the benchmarks with a
+        ``state_source``: their admissible lists hold whole actions)."""
+        action = action.strip()
+        return bool(action) and action in current.admissible
 
     def check(self, reference: Reference, t: int, *, action: str, current: Transition, next: Transition,
               previous: CheckResult | None = None) -> CheckResult:
@@ -179,6 +189,7 @@ class ALFWorldBenchmark(Benchmark):
 
     name = "alfworld"
     config_class = ALFWorldConfig
+    state_source = "positive facts and the task-success flag"
     TASK_TYPES = {"pick_and_place_simple": "Pick", "look_at_obj_in_light": "Look",
                   "pick_clean_then_place_in_recep": "Clean", "pick_heat_then_place_in_recep": "Heat",
                   "pick_cool_then_place_in_recep": "Cool", "pick_two_obj_and_place": "Pick2"}
@@ -237,6 +248,7 @@ class ScienceWorldBenchmark(Benchmark):
     name = "scienceworld"
     config_class = ScienceWorldConfig
     shortens_candidates = True
+    state_source = "look-around and inventory text (a stand-in: no facts) and the task-success flag"
 
     def __init__(self, config: ScienceWorldConfig):
         super().__init__(config)

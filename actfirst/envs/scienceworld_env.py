@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from actfirst.envs.base import TextEnv, Transition
+from actfirst.envs.base import EnvState, TextEnv, Transition
 from actfirst.envs.checks import normalize_set, normalize_text
 from actfirst.envs.scienceworld_tasks import ScienceWorldTask
 
@@ -40,6 +40,7 @@ class ScienceWorldTextEnv(TextEnv):
         self._best = 0.0
         self._turn = 0
         self._task_description = ""
+        self._look_inventory: tuple[str, ...] = ()
 
     def gold_path(self, task: ScienceWorldTask) -> list[str]:
         """The simulator's gold action sequence for ``task`` (read after a reset: it changes between loads)."""
@@ -75,7 +76,14 @@ class ScienceWorldTextEnv(TextEnv):
         self._turn += 1
         return self._transition(observation, info, done=bool(done), valid=valid)
 
+    def state(self) -> EnvState:
+        """C.5's state, a stand-in: ScienceWorld has no facts, so the state is the simulator's look-around and
+        inventory text (free actions that consume no time; every reset and step already returns them in its info)
+        and the success flag. Objects out of sight (another room, a closed container) are not in it."""
+        return EnvState(self._look_inventory, self._best >= SUCCESS_SCORE)
+
     def _transition(self, observation: str, info: dict, *, done: bool, valid: bool) -> Transition:
+        self._look_inventory = (info["look"], info["inv"])
         self._best = max(self._best, min(100.0, max(0.0, float(info["score"]))))
         self._admissible = tuple(info["valid"])
         return Transition(observation=observation, admissible=self._admissible, score=self._best, done=done,

@@ -32,7 +32,7 @@ from actfirst.envs.base import EnvFactory
 __all__ = ["EnvError", "EnvPool", "EnvWorker", "WorkerDied"]
 
 _START_TIMEOUT_S = 120.0
-_CONTINUES_EPISODE = frozenset({"step"})
+_CONTINUES_EPISODE = frozenset({"step", "state"})
 """Calls that need the state of the episode in flight (every other call starts from scratch)."""
 
 
@@ -290,6 +290,10 @@ class EnvWorker:
 
     async def astep(self, action: str):
         return await self.acall("step", action)
+
+    async def astate(self):
+        """The environment's state after its last reset or step (``TextEnv.state``; C.5's rollout quality)."""
+        return await self.acall("state")
 
     def _cleanup(self, processes: list[psutil.Process]) -> None:
         """Forget the worker after killing its process (if still alive) and ``processes``."""

@@ -40,6 +40,8 @@ class FastAction:
     weight_version: int
     queue_wait_s: float
     latency_s: float
+    seed: int | None
+    """The request's sampling seed."""
 
 
 async def generate_fast_action(engine: ActFirstEngine, prompt_ids: list[int], *, max_tokens: int,
@@ -55,4 +57,4 @@ async def generate_fast_action(engine: ActFirstEngine, prompt_ids: list[int], *,
     truncated = result.finish_reason == "length" and not has_action_field(result.text)
     return FastAction(token_ids=result.token_ids, text=result.text, action=extract_action(result.text,
                       truncated=truncated), truncated=truncated, weight_version=result.weight_version,
-                      queue_wait_s=result.queue_wait_s, latency_s=result.latency_s)
+                      queue_wait_s=result.queue_wait_s, latency_s=result.latency_s, seed=seed)

@@ -14,6 +14,12 @@ Per turn t of an episode (Sec. 4, Appendix B.2):
 
 A strategy may end an episode before the benchmark's turn limit (TCOD-F2B's horizon W_n).
 
+Turn t of an episode with base seed b samples its full response with seed b + 2t and its fast action with b + 2t + 1
+(:func:`turn_seeds`). Two switches serve measurements that collect no samples (C.5's rollout quality):
+``full_responses=False`` generates a full response only where the executed action is its action (think-then-act),
+and ``trace=True`` keeps every transition and the environment's state after it (``TextEnv.state``). Training uses
+neither.
+
 A batch ends when every episode and every full response of it has finished (Appendix C.5). An environment worker
 that dies or raises fails its episode with the reason; the batch goes on, and the samples of the contexts already
 visited are kept.
@@ -37,7 +43,7 @@ from transformers import PreTrainedTokenizerBase
 
 from actfirst.config import RolloutConfig
 from actfirst.engine.core import ActFirstEngine
-from actfirst.envs.base import Reference, Transition
+from actfirst.envs.base import EnvState, Reference, Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.workers import EnvError, EnvPool, EnvWorker, WorkerDied
 from actfirst.prompts import Mode, Prompt, PromptTooLong, Step, build_prompt
@@ -67,6 +73,8 @@ class TurnRecord:
     """When the environment step began (perf_counter), to compare with full-response completion times."""
     step_done: float
     """When the environment step returned (perf_counter): the transition's completion (C.5's throughput windows)."""
+    seed: int | None
+    """The sampling seed of the student's request whose action was executed (None: a reference or teacher action)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -107,6 +115,10 @@ class EpisodeResult:
     them, and the update does not score it again)."""
     interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
     """UOPD: the decision at each student turn."""
+    transitions: list[Transition] = dataclasses.field(default_factory=list)
+    """With ``trace``: o_1 and every executed turn's transition, in order (else empty)."""
+    states: list[EnvState] = dataclasses.field(default_factory=list)
+    """With ``trace``: the environment's state after each of ``transitions`` (else empty)."""
 
     @property
     def num_turns(self) -> int:
@@ -159,6 +171,8 @@ class _Episode:
     proposal_scores: list[list[float] | None] = dataclasses.field(default_factory=list)
     interventions: list[InterventionRecord] = dataclasses.field(default_factory=list)
     counts: PromptCounts = dataclasses.field(default_factory=PromptCounts)
+    transitions: list[Transition] = dataclasses.field(default_factory=list)
+    states: list[EnvState] = dataclasses.field(default_factory=list)
 
 
 class RolloutRunner:
@@ -167,7 +181,8 @@ class RolloutRunner:
     def __init__(self, *, engine: ActFirstEngine, tokenizer: PreTrainedTokenizerBase, benchmark: Benchmark,
                  pool: EnvPool, strategy: RolloutStrategy, cfg: RolloutConfig,
                  references: dict[str, Reference] | None, seed: int = 0,
-                 intervention: Intervention | None = None, evaluation: bool = False) -> None:
+                 intervention: Intervention | None = None, evaluation: bool = False, full_responses: bool = True,
+                 trace: bool = False) -> None:
         if strategy.uses_references and references is None:
             raise ValueError(f"rollout.strategy={strategy.name!r}: needs a reference cache")
         if strategy.intervenes != (intervention is not None):
@@ -183,6 +198,10 @@ class RolloutRunner:
         self.seed = seed
         self.intervention = intervention
         self.max_model_len = engine.max_model_len
+        self.full_responses = full_responses
+        """A full response for every visited context (Sec. 4.3); False: only where its action is executed."""
+        self.trace = trace
+        """Keep each episode's transitions and environment states (``EpisodeResult.transitions``, ``states``)."""
         # D.5 (Search): at evaluation, an episode truncated at the turn limit gets one more turn.
         self.forced_answer = evaluation and benchmark.forced_answer_turn
 
@@ -217,6 +236,7 @@ class RolloutRunner:
         guided_episode = ep.guidance.active
         try:
             ep.current = ep.last = await worker.areset(task)
+            await self._trace(ep, worker, ep.current)
             for t in range(self.strategy.horizon(ep.guidance, self.benchmark.max_turns) + self.forced_answer):
                 if not await self._turn(ep, worker, t):
                     break
@@ -236,17 +256,20 @@ class RolloutRunner:
             fully_aligned=guided_episode and guidance.active and done and ep.failure is None, contexts=ep.contexts,
             full_responses=[f for f, _ in fulls], full_response_done=[d for _, d in fulls], failure=ep.failure,
             prompts=ep.counts, context_turns=ep.context_turns, teacher_responses=ep.teacher_responses,
-            replaced=ep.replaced, proposal_scores=ep.proposal_scores, interventions=ep.interventions)
+            replaced=ep.replaced, proposal_scores=ep.proposal_scores, interventions=ep.interventions,
+            transitions=ep.transitions, states=ep.states)
 
     async def _turn(self, ep: _Episode, worker: EnvWorker, t: int) -> bool:
         """Turn ``t``: choose, execute and check its action; returns whether the episode goes on."""
         current, reference, guidance = ep.current, ep.reference, ep.guidance
         guided = guidance.active
         source = self.strategy.source(guidance, t, len(reference.actions) if reference else 0)
+        full_seed, fast_seed = turn_seeds(ep.seed, t)
         full = None
-        if source is not ActionSource.REFERENCE or self.strategy.samples_replayed:
+        sampled = source is not ActionSource.REFERENCE or self.strategy.samples_replayed
+        if source is ActionSource.FULL_RESPONSE or (sampled and self.full_responses):
             context = self._prompt(Mode.FULL_RESPONSE, current, ep.history, ep.counts).token_ids
-            full = asyncio.ensure_future(self.full_response(context, ep.seed + 2 * t))
+            full = asyncio.ensure_future(self.full_response(context, full_seed))
             ep.contexts.append(context)
             ep.context_turns.append(t)
             ep.full_tasks.append(full)
@@ -254,24 +277,32 @@ class RolloutRunner:
             ep.replaced.append(False)
             ep.proposal_scores.append(None)
         action, proposal, source, fast = await self._action(source, full, current, ep.history, reference, t,
-                                                            ep.seed + 2 * t + 1, ep.counts)
+                                                            fast_seed, ep.counts)
         if self.intervention is not None and source is ActionSource.FULL_RESPONSE:
-            action, source = await self._intervene(ep, action, ep.seed + 2 * t + 1)
+            action, source = await self._intervene(ep, action, fast_seed)
+        seed = fast.seed if fast is not None else (full_seed if source is ActionSource.FULL_RESPONSE else None)
         step_started = time.perf_counter()
         nxt = await worker.astep(action)
         step_done = time.perf_counter()
+        await self._trace(ep, worker, nxt)
         check, go_on = None, True
         if guided:  # B.5: every guided transition is checked, whatever produced its action
             result = self.benchmark.check(reference, t, action=action, current=current, next=nxt,
                                           previous=guidance.previous)
             check = "passed" if result.passed else result.reason
             go_on = self.strategy.after_check(guidance, t, result)
-        ep.turns.append(TurnRecord(t, source, action, proposal, fast, nxt.valid, check, step_started, step_done))
+        ep.turns.append(TurnRecord(t, source, action, proposal, fast, nxt.valid, check, step_started, step_done, seed))
         ep.history.append(Step(current.observation, action))
         if self.forced_answer and nxt.truncated and t + 1 == self.benchmark.max_turns:
             nxt = await worker.acall("force_answer")
         ep.current = ep.last = nxt
         return not nxt.finished and go_on
+
+    async def _trace(self, ep: _Episode, worker: EnvWorker, transition: Transition) -> None:
+        """With ``trace``: keep ``transition`` (just returned by ``worker``) and the environment's state after it."""
+        if self.trace:
+            ep.states.append(await worker.astate())
+            ep.transitions.append(transition)
 
     async def _intervene(self, ep: _Episode, action: str, seed: int) -> tuple[str, ActionSource]:
         """UOPD at a student turn whose proposal (the last context's full response) is ``action``: the action to
@@ -344,6 +375,18 @@ class RolloutRunner:
         # B.5: an invalid proposal triggers one NAP request from the unchanged context before execution.
         retry = await self._fast(self._prompt(Mode.NEXT_ACTION, current, history, counts), seed + (1 << 29))
         return retry.action, fast.action, ActionSource.NAP_RETRY, retry
+
+
+def turn_seeds(base: int, turn: int) -> tuple[int, int]:
+    """The sampling seeds of turn ``turn`` in an episode of base seed ``base``: (full response, fast action)."""
+    return base + 2 * turn, base + 2 * turn + 1
+
+
+def matched_base(base: int, strategy: RolloutStrategy) -> int:
+    """The episode seed under which ``strategy``'s executed action of turn t is sampled with seed ``base + 2t + 1``
+    whatever its source (think-then-act executes its full response's action, sampled with the episode seed + 2t):
+    episodes of several strategies played from one ``base`` share each turn's sampling seed (C.5)."""
+    return base + 1 if strategy.think_then_act else base
 
 
 def episode_samples(episode: EpisodeResult, strategy: str, *, sft_weight: float = 0.0) -> list[Sample]:

@@ -131,3 +131,37 @@ def test_alfworld_tasks_reads_real_layout(alfworld_games):
     root = alfworld_games[0].game_file.rsplit("/", 2)[0]
     assert alfworld_tasks(root) == sorted(alfworld_games)
     assert isinstance(alfworld_games[0], ALFWorldTask)
+
+
+def test_state_is_the_positive_facts_and_the_won_flag(alfworld_games, env):
+    # C.5's state: the game's facts as TextWorld reports them with EnvInfos(facts=True), negated effects left out.
+    import textworld
+    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
+    from textworld.envs import PddlEnv
+
+    task = alfworld_games[0]
+    plan = walkthrough(task)
+    reference = AlfredDemangler(PddlEnv(textworld.EnvInfos(facts=True)), shuffle=False)
+    reference.load(task.game_file)
+    game_states = [reference.reset(), *(reference.step(a)[0] for a in plan)]
+    reference.close()
+    env.reset(task)
+    states = [env.state()]
+    for action in plan:
+        env.step(action)
+        states.append(env.state())
+    assert len(states) == len(game_states)
+    for state, game_state in zip(states, game_states):
+        names = sorted(f.name for f in game_state["facts"] if not f.is_negation)
+        assert sorted(fact.split("(")[0] for fact in state.content) == names and len(state.content) > 10
+        assert state.content == tuple(sorted(state.content))
+    assert not any(fact.startswith("not_") for s in states for fact in s.content)
+    assert [s.won for s in states] == [False] * len(plan) + [True]
+    assert states[0] != states[1]  # the first planner action changes the facts (the agent moves)
+    assert env.reset(task) and env.state() == states[0]  # the same state after a reset
+    env.step("look")
+    looked = env.state()  # a first look marks the place checked...
+    added = set(looked.content) - set(states[0].content)
+    assert added and all(f.startswith("checked(") for f in added) and set(states[0].content) <= set(looked.content)
+    env.step("look")
+    assert env.state() == looked  # ...and another changes no fact

@@ -56,3 +56,17 @@ def test_turn_limit_truncates(tmp_path):
         assert normalize_text(last.observation)  # the simulator answered an unknown command
     finally:
         env.close()
+
+
+def test_state_is_the_look_around_and_inventory_stand_in(env):
+    # No facts on ScienceWorld: C.5's state is the free look-around and inventory text, and the success flag.
+    reset = env.reset(TASK)
+    moves = env._env.get_num_moves()
+    first = env.state()
+    assert env._env.get_num_moves() == moves  # reading the state advances nothing
+    assert first.content == (env._env.look(), env._env.inventory()) and not first.won
+    assert first.content[0].startswith("This room is called the hallway.") and "inventory" in first.content[1]
+    env.step("look around")
+    assert env.state() == first  # looking changes nothing
+    env.step(next(a for a in reset.admissible if a.startswith("go to ")))
+    assert env.state().content[0] != first.content[0] and env.state().content[1] == first.content[1]

@@ -102,8 +102,11 @@ def test_worker_killed_between_calls_fails_the_next_step_and_serves_the_next_res
     assert worker.restarts == 1 and wait_gone(old) == []
     with pytest.raises(WorkerDied, match="its episode is lost"):  # still no episode to continue
         worker.step("look around")
+    with pytest.raises(WorkerDied, match="its episode is lost"):  # nor its state (C.5) to read
+        worker.call("state")
     first = worker.reset(TASK)  # a new episode runs on the restarted worker
     assert first.turn == 0 and worker.step("go to kitchen").observation == "You move to the kitchen."
+    assert worker.call("state").content[0].startswith("This room is called the kitchen.")
     assert worker.restarts == 1
 
 
