@@ -329,13 +329,18 @@ def main(argv: list[str] | None = None) -> int:
         budget="eval_total")
     report = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
     report.meta.update({"checkpoint": str(args.checkpoint), "split": args.split})
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report.to_json())
-    print(report.table(), flush=True)
-    if args.out:
-        print(f"wrote {args.out}", flush=True)
+    emit_report(report, args.out)
     return 0
+
+
+def emit_report(report: Any, out: str | None) -> None:
+    """A command's report: its JSON to ``out`` (when given), its table to the console."""
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(report.to_json())
+    print(report.table(), flush=True)
+    if out:
+        print(f"wrote {out}", flush=True)
 
 
 if __name__ == "__main__":

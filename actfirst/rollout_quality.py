@@ -36,13 +36,12 @@ import sys
 import time
 from collections import deque
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actfirst.config import ConfigError, RolloutConfig, TrainConfig, load_config, paths_unchecked
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
-from actfirst.eval import MAX_TASKS, episode_seed, pick_tasks, play_jobs, seed_stride
+from actfirst.eval import MAX_TASKS, emit_report, episode_seed, pick_tasks, play_jobs, seed_stride
 from actfirst.quality_report import (
     STRATEGY_LABELS,
     EpisodeTrace,
@@ -227,12 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, benchmark, tasks, references = load_inputs(args)
     report = asyncio.run(_main(args, cfg, benchmark, tasks, references))
     report.meta.update({"checkpoint": str(args.checkpoint), "config": str(args.config)})
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(report.to_json())
-    print(report.table(), flush=True)
-    if args.out:
-        print(f"wrote {args.out}", flush=True)
+    emit_report(report, args.out)
     return 0
 
 
