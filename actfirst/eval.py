@@ -29,14 +29,14 @@ import json
 import sys
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig, load_config
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.eval_report import EpisodeRecord, EvalReport, response_hash
-from actfirst.user_input import check_model_dir, check_writable_file, command
+from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
 
 EVAL_SEEDS = (42, 43, 44)
 """C.4's evaluation seeds."""
@@ -287,29 +287,36 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(EVAL_SEEDS))
     parser.add_argument("--out", help="write the JSON report here")
     parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
-    parser.add_argument("--max-in-flight", type=int, default=16, help="episodes (and env workers) at once")
+    parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="env config overrides (generated_dir=..., max_turns=...); rollout.*, engine.*, "
                              "scheduler.* override those configs (rollout.budget.eval_total=..., engine.dtype=...)")
     return parser
 
 
-async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
-                scheduler_cfg: SchedulerConfig) -> EvalReport:
+@contextlib.asynccontextmanager
+async def served(engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig) -> AsyncIterator[tuple[Any, Any]]:
+    """``engine_cfg.model`` on an in-process engine with its tokenizer, for a command's measurement; the engine is
+    shut down on exit."""
     from transformers import AutoTokenizer
 
     from actfirst.engine.core import ActFirstEngine
 
+    engine = ActFirstEngine.from_config(engine_cfg, scheduler_cfg)
+    try:
+        yield engine, AutoTokenizer.from_pretrained(engine_cfg.model)
+    finally:
+        await engine.shutdown()
+
+
+async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
+                scheduler_cfg: SchedulerConfig) -> EvalReport:
     tasks = pick_tasks(benchmark, benchmark.tasks(args.split), args.tasks)
     print(f"[eval {benchmark.name}] {len(tasks)} {args.split} tasks x seeds {args.seeds}, checkpoint "
           f"{args.checkpoint}", flush=True)
-    engine = ActFirstEngine.from_config(engine_cfg, scheduler_cfg)
-    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-    try:
+    async with served(engine_cfg, scheduler_cfg) as (engine, tokenizer):
         return await evaluate(engine, tokenizer, benchmark, tasks, seeds=args.seeds, rollout=rollout,
                               max_in_flight=args.max_in_flight)
-    finally:
-        await engine.shutdown()
 
 
 @command
@@ -317,8 +324,6 @@ def main(argv: list[str] | None = None) -> int:
     """Evaluate a checkpoint (every input checked before the engine starts); returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.max_in_flight < 1:
-        parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
     if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
         parser.error(f"--seeds={args.seeds}: need distinct seeds >= 0")
     check_model_dir(args.checkpoint, "--checkpoint")

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from actfirst.config import ConfigError, RolloutConfig, TrainConfig, load_config, paths_unchecked
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
-from actfirst.eval import MAX_TASKS, emit_report, episode_seed, pick_tasks, play_jobs, seed_stride
+from actfirst.eval import MAX_TASKS, emit_report, episode_seed, pick_tasks, play_jobs, seed_stride, served
 from actfirst.quality_report import (
     STRATEGY_LABELS,
     EpisodeTrace,
@@ -50,7 +50,7 @@ from actfirst.quality_report import (
     TraceTurn,
     unproductive_repetitions,
 )
-from actfirst.user_input import check_exists, check_model_dir, check_writable_file, command
+from actfirst.user_input import check_exists, check_model_dir, check_writable_file, command, positive_int
 
 if TYPE_CHECKING:
     from actfirst.rollout.runner import EpisodeResult
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tasks", type=int, default=0, help="N training tasks, round-robin over task types (0: all)")
     parser.add_argument("--seed", type=int, default=42, help="base of the sampling seeds")
     parser.add_argument("--out", help="write the JSON report here")
-    parser.add_argument("--max-in-flight", type=int, default=16, help="episodes (and env workers) at once")
+    parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides of the training config")
     return parser
 
@@ -196,22 +196,14 @@ def load_inputs(args: argparse.Namespace) -> tuple[TrainConfig, Benchmark, list,
 
 async def _main(args: argparse.Namespace, cfg: TrainConfig, benchmark: Benchmark, tasks: list,
                 references: dict[str, Reference]) -> QualityReport:
-    from transformers import AutoTokenizer
-
-    from actfirst.engine.core import ActFirstEngine
-
     need = model_len_needed(quality_rollout_config(cfg.rollout, args.max_in_flight))
     engine_cfg = dataclasses.replace(cfg.student, model=args.checkpoint,
                                      max_model_len=max(cfg.student.max_model_len, need))
     print(f"[quality {benchmark.name}] {len(tasks)} training tasks x {list(STRATEGIES)}, checkpoint "
           f"{args.checkpoint}", flush=True)
-    engine = ActFirstEngine.from_config(engine_cfg, cfg.scheduler)
-    tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-    try:
+    async with served(engine_cfg, cfg.scheduler) as (engine, tokenizer):
         return await measure_quality(engine, tokenizer, benchmark, tasks, references=references, rollout=cfg.rollout,
                                      seed=args.seed, max_in_flight=args.max_in_flight)
-    finally:
-        await engine.shutdown()
 
 
 @command
@@ -219,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
     """Measure a checkpoint's rollout quality (every input checked before the engine starts); the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.max_in_flight < 1:
-        parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
     if args.seed < 0:
         parser.error(f"--seed={args.seed}: must be >= 0")
     cfg, benchmark, tasks, references = load_inputs(args)

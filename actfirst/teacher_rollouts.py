@@ -35,9 +35,18 @@ from typing import Any
 
 from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
 from actfirst.envs.benchmarks import Benchmark
-from actfirst.eval import MAX_TASKS, check_fits, episode_seed, pick_tasks, play_jobs, seed_stride, serving_configs
+from actfirst.eval import (
+    MAX_TASKS,
+    check_fits,
+    episode_seed,
+    pick_tasks,
+    play_jobs,
+    seed_stride,
+    served,
+    serving_configs,
+)
 from actfirst.files import write_atomically
-from actfirst.user_input import check_model_dir, check_writable_file, command
+from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
 
 MAX_REPEATS = 1 << 10
 """Rollout seeds leave room for this many repeats per task."""
@@ -148,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tasks", type=int, default=0, help="N tasks, round-robin over task types (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="base of the sampling seeds")
     parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
-    parser.add_argument("--max-in-flight", type=int, default=16, help="episodes (and env workers) at once")
+    parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="env config overrides (max_turns=...); rollout.*, engine.*, scheduler.* override those "
                              "configs (rollout.budget.total=..., rollout.temperature=..., engine.dtype=...)")
@@ -157,20 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
                 scheduler_cfg: SchedulerConfig) -> dict[str, list[list[str]]]:
-    from transformers import AutoTokenizer
-
-    from actfirst.engine.core import ActFirstEngine
-
     tasks = pick_tasks(benchmark, benchmark.tasks(args.split), args.tasks)
     print(f"[teacher {benchmark.name}] {len(tasks)} {args.split} tasks x {args.per_task} rollouts, teacher "
           f"{args.teacher}", flush=True)
-    engine = ActFirstEngine.from_config(engine_cfg, scheduler_cfg)
-    tokenizer = AutoTokenizer.from_pretrained(args.teacher)
-    try:
+    async with served(engine_cfg, scheduler_cfg) as (engine, tokenizer):
         candidates = await teacher_candidates(engine, tokenizer, benchmark, tasks, per_task=args.per_task,
                                               rollout=rollout, max_in_flight=args.max_in_flight, seed=args.seed)
-    finally:
-        await engine.shutdown()
     print(f"[teacher {benchmark.name}] {len(candidates)}/{len(tasks)} tasks with a kept rollout, "
           f"{sum(map(len, candidates.values()))} distinct sequences", flush=True)
     return candidates

@@ -9,6 +9,7 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import os
@@ -46,6 +47,17 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
             return EXIT_USAGE
 
     return wrapped
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (``--max-in-flight``), refused by argparse with the value otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be >= 1")
+    return value
 
 
 def check_exists(path: str | os.PathLike, key: str, kind: str = "directory") -> None:

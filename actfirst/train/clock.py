@@ -59,7 +59,7 @@ class SessionClock:
         """Append the run's kept figures as of now."""
         if self.path is None:
             return
-        line = {"session": self.started, "started": self.started, "now": time.time(), "prepare_s": self.prepare_s,
+        line = {"started": self.started, "now": time.time(), "prepare_s": self.prepare_s,
                 "base_s": self.base_s, "train_s": train_s, "eval_s": eval_s, "probe_s": probe_s}
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")
@@ -67,8 +67,8 @@ class SessionClock:
 
 
 def read_sessions(path: Path) -> list[list[dict[str, Any]]]:
-    """The lines of ``clock.jsonl`` grouped by session, in the order the sessions started (a line cut short by a
-    kill is skipped)."""
+    """The lines of ``clock.jsonl`` grouped by session (its ``started``), in the order the sessions started (a line
+    cut short by a kill is skipped)."""
     sessions: dict[float, list[dict[str, Any]]] = {}
     if path.is_file():
         for text in path.read_text().splitlines():
@@ -76,7 +76,7 @@ def read_sessions(path: Path) -> list[list[dict[str, Any]]]:
                 line = json.loads(text)
             except json.JSONDecodeError:
                 continue
-            sessions.setdefault(line["session"], []).append(line)
+            sessions.setdefault(line["started"], []).append(line)
     return [sessions[key] for key in sorted(sessions)]
 
 

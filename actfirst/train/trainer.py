@@ -565,9 +565,10 @@ class Trainer:
         keys = sorted(rollout_counts([]))  # the same on every rank, whatever its window holds
         window = {k: sum(c.get(k, 0) for c in self.recent) for k in keys}  # a key newer than a checkpoint: 0
         sums = reduce_sum([stats.transitions, stats.batches, stats.generated, stats.discarded, len(self.buffer),
-                           stats.dropped, stats.early, *[window[k] for k in keys]])
+                           stats.dropped, stats.early, *[stats.times[k] for k in SPEEDUP_FIELDS],
+                           *[window[k] for k in keys]])  # one collective for every count of the update
         transitions, batches, generated, discarded, buffered, dropped, early = (int(x) for x in sums[:7])
-        times = dict(zip(SPEEDUP_FIELDS, reduce_sum([stats.times[k] for k in SPEEDUP_FIELDS])))
+        times = dict(zip(SPEEDUP_FIELDS, sums[7:7 + len(SPEEDUP_FIELDS)]))
         self.run_times = {k: self.run_times[k] + times[k] for k in SPEEDUP_FIELDS}
         slowest = reduce_max([stats.rollout_s, stats.wall_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
@@ -580,7 +581,7 @@ class Trainer:
         failures = [f"rank {r}: {f}" if self.ctx.world_size > 1 else f for r, p in enumerate(per_rank)
                     for f in p["failures"]]
         record = {
-            **metrics, **rollout_rates(dict(zip(keys, sums[7:]))), **self.throughput(),
+            **metrics, **rollout_rates(dict(zip(keys, sums[7 + len(SPEEDUP_FIELDS):]))), **self.throughput(),
             **{f"speedup/{k}": v for k, v in speedups(times).items()},
             **{f"speedup/run_{k}": v for k, v in speedups(self.run_times).items()},
             "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,

@@ -9,8 +9,8 @@ import pytest
 from actfirst.train.clock import PARTS, SessionClock, account
 
 
-def line(session, started, now, *, prepare=0.0, base=0.0, train=0.0, eval_s=0.0, probe=0.0):
-    return json.dumps({"session": session, "started": started, "now": now, "prepare_s": prepare, "base_s": base,
+def line(started, now, *, prepare=0.0, base=0.0, train=0.0, eval_s=0.0, probe=0.0):
+    return json.dumps({"started": started, "now": now, "prepare_s": prepare, "base_s": base,
                        "train_s": train, "eval_s": eval_s, "probe_s": probe})
 
 
@@ -20,11 +20,11 @@ def test_a_killed_and_resumed_run_adds_up(tmp_path):
     was recorded: session 2 resumes from 94 s, so 31 s were lost. Session 2 ends at 90 s of its own."""
     path = tmp_path / "clock.jsonl"
     path.write_text("\n".join([
-        line(1000.0, 1000.0, 1040.0, prepare=30.0, train=5.0),
-        line(1000.0, 1000.0, 1170.0, prepare=30.0, train=100.0, eval_s=20.0, probe=5.0),
-        line(2000.0, 2000.0, 2010.0, base=94.0, train=72.0, eval_s=20.0, probe=4.0),
-        line(2000.0, 2000.0, 2090.0, base=94.0, train=140.0, eval_s=40.0, probe=6.0),
-        '{"session": 2000.0, "started": 20',  # a line cut short by a kill
+        line(1000.0, 1040.0, prepare=30.0, train=5.0),
+        line(1000.0, 1170.0, prepare=30.0, train=100.0, eval_s=20.0, probe=5.0),
+        line(2000.0, 2010.0, base=94.0, train=72.0, eval_s=20.0, probe=4.0),
+        line(2000.0, 2090.0, base=94.0, train=140.0, eval_s=40.0, probe=6.0),
+        '{"started": 2000.0, "now": 20',  # a line cut short by a kill
     ]) + "\n")
     wall = account(path)
     assert wall["sessions"] == 2 and wall["speedup_uses"] == "train_s"
