@@ -533,6 +533,10 @@ class BuildModelsConfig:
     ``student_sft.modes``."""
 
     tokenizer_vocab_size: int = 2048
+    thoughts: Literal["short", "restated"] = "short"
+    """The reasoning of the full-response examples (``actfirst.train.sft.THOUGHTS``): ``short`` (about 30 tokens) or
+    ``restated`` (the context restated before the step: hundreds of tokens, so that think-then-act rollouts are bound
+    by generation)."""
     teacher: ModelConfig
     teacher_sft: SFTConfig
     student: ModelConfig

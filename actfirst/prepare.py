@@ -193,8 +193,9 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
 
     from actfirst.models.factory import build_model
     from actfirst.prompts import Mode
-    from actfirst.train.sft import examples, sft
+    from actfirst.train.sft import THOUGHTS, examples, sft
 
+    thoughts = cfg.prepare.build_models.thoughts
     tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     build_model(model_cfg, tmp, tokenizer=tokenizer)
@@ -204,7 +205,7 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
         keep = list(dict.fromkeys(s.task for s in steps))[: sft_cfg.tasks]
         steps = [s for s in steps if s.task in keep]
     data = examples(tokenizer, benchmark, steps, modes=[Mode(m) for m in sft_cfg.modes],
-                    max_prompt_tokens=cfg.rollout.max_prompt_tokens)
+                    max_prompt_tokens=cfg.rollout.max_prompt_tokens, thought=THOUGHTS[thoughts])
     params = sum(p.numel() for p in model.parameters())
     print(f"[prepare] {what}: {params / 1e6:.2f}M parameters, SFT on {len(data)} examples "
           f"({', '.join(sft_cfg.modes)}), {sft_cfg.epochs} epochs", flush=True)
@@ -212,6 +213,7 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
                  micro_batch_tokens=sft_cfg.micro_batch_tokens, seed=sft_cfg.seed)
     model.save_pretrained(tmp, safe_serialization=True)
     record = {"parameters": params, "examples": len(data), "steps": len(steps), "sft": dataclasses.asdict(sft_cfg),
+              "thoughts": thoughts,
               "epoch_losses": result.epoch_losses, "wall_s": result.wall_s, "tokens_per_s": result.tokens_per_s}
     (tmp / SFT_RECORD).write_text(json.dumps(record, indent=1))
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -221,9 +223,10 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
 def _build_teacher(cfg: TrainConfig, build: BuildModelsConfig, benchmark: Benchmark, steps) -> None:
     from actfirst.models.factory import environment_corpus
     from actfirst.models.tokenizers import train_env_bpe_tokenizer
-    from actfirst.train.sft import corpus
+    from actfirst.train.sft import THOUGHTS, corpus
 
-    tokenizer = train_env_bpe_tokenizer(environment_corpus() + corpus(benchmark, steps),
+    tokenizer = train_env_bpe_tokenizer(environment_corpus() + corpus(benchmark, steps,
+                                                                      thought=THOUGHTS[build.thoughts]),
                                         vocab_size=build.tokenizer_vocab_size)
     _sft_model(cfg, build.teacher, build.teacher_sft, tokenizer, benchmark, steps, Path(cfg.teacher), "teacher")
 

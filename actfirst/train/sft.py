@@ -5,8 +5,13 @@ that answer every prompt mode. No weights can be downloaded here, so the demo ma
 (C.2): every step t of a reference (context c_t with its B.2 history, action a_t, reference next observation
 o_{t+1}) becomes one example per prompt mode (B.1):
 
-- full response: ``<think>`` a short reasoning ``</think>`` then ``<action>a_t</action>`` (think-then-act);
+- full response: ``<think>`` a reasoning ``</think>`` then ``<action>a_t</action>`` (think-then-act);
 - next-action prediction and inverse dynamics: ``<action>a_t</action>`` (action only).
+
+The reasoning is one of :data:`THOUGHTS`: ``short`` (the goal and the step, about 30 tokens: the main demo, whose
+rollouts are bound by the environment) or ``restated`` (the context restated before the step, hundreds of tokens:
+a full response as long against its action as a real model's thinking, so that think-then-act rollouts are bound
+by generation as on a GPU).
 
 Prompts are rendered by :func:`actfirst.prompts.build_prompt`, the same code the rollouts use, from transitions
 replayed in the simulator (the cache's transitions are slimmed: no admissible list, no object aliases).
@@ -53,16 +58,41 @@ def goal(task_description: str) -> str:
     return re.sub(r"^(your task is to)\s+", "", first, flags=re.IGNORECASE) or "complete the task"
 
 
-def thought(step: ExpertStep) -> str:
-    """A short reasoning text for an expert step: the goal, where the agent is, and the step it chooses."""
+Thought = Callable[[Benchmark, ExpertStep], str]
+"""A reasoning text for an expert step (what a full response thinks before its action)."""
+
+
+def short_thought(benchmark: Benchmark, step: ExpertStep) -> str:
+    """About 30 tokens: the goal and the step the agent chooses."""
     return f"My task is to {goal(step.current.task_description)}. The next step is: {step.action}."
 
 
-def response_text(mode: Mode, step: ExpertStep) -> str:
+def restated_thought(benchmark: Benchmark, step: ExpertStep) -> str:
+    """Hundreds of tokens: the goal, the task, the steps taken, the current observation and the admissible-action
+    information (the benchmark's B.1 prompt fields), each restated from the prompt. Every part is in the prompt, so a
+    small model learns to write it by copying. The step itself is named only in the action field: a thought that
+    ended "The next step is: a." taught the small models to continue ``<action>a`` with "." and the thought's lines
+    (measured: a third of the student's actions empty or garbled, more after OPD updates)."""
+    done = "; ".join(s.action for s in step.history) or "none yet"
+    options = "\n".join(f"{name.replace('_', ' ').capitalize()}: {value}."
+                         for name, value in benchmark.prompt_fields(step.current).items())
+    return (f"My task is to {goal(step.current.task_description)}.\n"
+            f"The task says: {step.current.task_description.strip()}\n"
+            f"Steps taken ({len(step.history)}): {done}.\n"
+            f"What I see now: {step.current.observation.strip()}\n"
+            f"{options}\n"
+            "Now I choose the next step.")
+
+
+THOUGHTS: dict[str, Thought] = {"short": short_thought, "restated": restated_thought}
+"""The reasoning styles a built model learns (``prepare.build_models.thoughts``)."""
+
+
+def response_text(benchmark: Benchmark, mode: Mode, step: ExpertStep, thought: Thought = short_thought) -> str:
     """The target response of ``step`` in ``mode`` (the end-of-turn token is added by the tokenizer's EOS)."""
     action = f"{ACTION_OPEN}{step.action}{ACTION_CLOSE}"
     if mode is Mode.FULL_RESPONSE:
-        return f"{THINK_OPEN}\n{thought(step)}\n{THINK_CLOSE}\n\n{action}"
+        return f"{THINK_OPEN}\n{thought(benchmark, step)}\n{THINK_CLOSE}\n\n{action}"
     return action
 
 
@@ -96,13 +126,14 @@ async def expert_steps(benchmark: Benchmark, pool: Any, tasks: Sequence[Any], re
     return [s for i in sorted(out) for s in out[i]]
 
 
-def corpus(benchmark: Benchmark, steps: Sequence[ExpertStep], modes: Sequence[Mode] = ALL_MODES) -> list[str]:
+def corpus(benchmark: Benchmark, steps: Sequence[ExpertStep], modes: Sequence[Mode] = ALL_MODES,
+           thought: Thought = short_thought) -> list[str]:
     """Prompt and response texts of ``steps`` (for training a small tokenizer on what the models will read)."""
     texts = []
     for step in steps:
         for mode in modes:
             texts.append(_render(benchmark, mode, step))
-            texts.append(response_text(mode, step))
+            texts.append(response_text(benchmark, mode, step, thought))
     return texts
 
 
@@ -113,7 +144,7 @@ def _render(benchmark: Benchmark, mode: Mode, step: ExpertStep) -> str:
 
 
 def examples(tokenizer, benchmark: Benchmark, steps: Sequence[ExpertStep], *, modes: Sequence[Mode],
-             max_prompt_tokens: int) -> list[Sample]:
+             max_prompt_tokens: int, thought: Thought = short_thought) -> list[Sample]:
     """One supervised sample per step and mode: the prompt the rollouts would send (B.1, B.2) and the target
     response followed by the end-of-turn token, every response token supervised."""
     out = []
@@ -124,7 +155,7 @@ def examples(tokenizer, benchmark: Benchmark, steps: Sequence[ExpertStep], *, mo
             prompt = build_prompt(tokenizer, benchmark, mode, task_description=step.current.task_description,
                                   history=list(step.history), current=step.current, budget_tokens=max_prompt_tokens,
                                   reference_next_observation=ref)
-            target = tokenizer.encode(response_text(mode, step), add_special_tokens=False) + [eos]
+            target = tokenizer.encode(response_text(benchmark, mode, step, thought), add_special_tokens=False) + [eos]
             out.append(Sample(context_ids=prompt.token_ids, response_ids=target, loss_mask=[1] * len(target),
                               logprobs=[0.0] * len(target), weight_version=0, task=step.task,
                               turn=len(step.history), strategy=f"sft:{mode.value}"))
