@@ -21,8 +21,9 @@ evaluation seeds, ``evals.jsonl``; its training wall-clock is Appendix C.3's fin
   seed; none with one seed).
 - Time to the common SR: the lower of the method's and Vanilla OPD's best mean-over-seeds evaluation SR, the mean
   training wall-clock of the first evaluation whose mean SR reaches it (for both), and their ratio Vanilla / method:
-  a speedup that cannot come from learning less. Its 95% interval is a bootstrap over seeds too: each side's runs
-  resampled, their mean curves, the common SR and both times recomputed (``common_sr_interval``).
+  a speedup that cannot come from learning less (none where either reaches it at update 0, before training). Its 95%
+  interval is a bootstrap over seeds too: each side's runs resampled, their mean curves, the common SR and both times
+  recomputed (``common_sr_interval``).
 - Sec. 5.4's split: the method's transitions per second and executed transitions over Vanilla OPD's (elapsed time
   is transitions over throughput, so the speedup is close to the first ratio over the second).
 - The rollout speedup model from each run's own request records (``actfirst.train.speedup``): measured and Eq. 36's
@@ -166,21 +167,25 @@ def speedup_interval(baseline: Sequence[float], method: Sequence[float], *, resa
 
 def time_to_common_sr(baseline: list[dict[str, Any]], curve: list[dict[str, Any]]) -> dict[str, float | None]:
     """The SR level both mean curves reach (the lower of their best SRs), the training wall-clock of the first
-    evaluation where each reaches it, and the ratio baseline / method (None when the method's time is 0)."""
+    evaluation where each reaches it, and the ratio baseline / method. No ratio (None) when either reaches it at
+    update 0, before any training (its time is the initialization's: training made no progress to compare), or
+    when the method's time is 0."""
     if not baseline or not curve:
         return {"common_SR": None, "time_to_common_s": None, "baseline_time_to_common_s": None,
                 "speedup_at_common_SR": None}
     level = min(max(p["SR"] for p in baseline), max(p["SR"] for p in curve))
-    base_s, method_s = (next(p["elapsed_s"] for p in c if p["SR"] >= level) for c in (baseline, curve))
-    return {"common_SR": level, "time_to_common_s": method_s, "baseline_time_to_common_s": base_s,
-            "speedup_at_common_SR": base_s / method_s if method_s > 0 else None}
+    base, method = (next(p for p in c if p["SR"] >= level) for c in (baseline, curve))
+    trained = base["update"] > 0 and method["update"] > 0 and method["elapsed_s"] > 0
+    return {"common_SR": level, "time_to_common_s": method["elapsed_s"],
+            "baseline_time_to_common_s": base["elapsed_s"],
+            "speedup_at_common_SR": base["elapsed_s"] / method["elapsed_s"] if trained else None}
 
 
 def common_sr_interval(baseline: list[dict[str, Any]], method: list[dict[str, Any]], *,
                        resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float] | None:
     """The 95% percentile-bootstrap interval of the speedup at the common SR: each side's runs resampled with
     replacement on their own, the mean curves, the common SR and the times to it recomputed per resample. A resample
-    where the method reaches the common SR at its first evaluation (time 0: no ratio) is left out; None when either
+    without a ratio (:func:`time_to_common_sr`: the common SR held before training) is left out; None when either
     side has fewer than two runs or no resample has a ratio."""
     if min(len(baseline), len(method)) < 2:
         return None

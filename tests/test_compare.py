@@ -148,6 +148,23 @@ def test_methods_over_training_seeds_by_hand(runs):
     assert vanilla["speedup_at_common_SR_ci95"] is None and no_id["speedup_at_common_SR_ci95"] is None  # one seed
 
 
+def test_no_speedup_at_the_common_sr_when_it_held_before_training(tmp_path):
+    """Both methods lose SR in training (the generation-bound demo's runs): the SR both reach is the warm start's, at
+    update 0, where the times are the initialization's. No ratio, and no interval."""
+    runs: dict[str, dict[int, Path]] = {}
+    for strategy, first, later in (("vanilla", 24.0, [3, 3]), ("actfirst", 21.0, [4, 3])):
+        for seed in (0, 1):
+            path = tmp_path / strategy / f"seed{seed}"
+            write_run(path, wall=200.0, transitions=500, evals=[(0, first, [5, 5, 5]), (4, 100.0, [later[seed]] * 3)])
+            runs.setdefault(strategy, {})[seed] = path
+    vanilla, actfirst = comparison_rows(runs)
+    assert (actfirst["common_SR"], actfirst["time_to_common_s"], actfirst["baseline_time_to_common_s"]) == \
+        pytest.approx((50.0, 21.0, 24.0))
+    assert actfirst["speedup_at_common_SR"] is None and actfirst["speedup_at_common_SR_ci95"] is None
+    assert actfirst["speedup"] == pytest.approx(1.0)  # the same updates: still measured
+    assert "| 50.0 | 21 / 24 | n/a |" in comparison_table([vanilla, actfirst])
+
+
 def test_without_a_finished_baseline_there_is_no_speedup(runs):
     methods = comparison_rows({"vanilla": {2: runs["no_id"][2]}, "actfirst": runs["actfirst"]})
     assert methods[0]["train_s"] is None and methods[0]["SR"] is None and methods[0]["unfinished"] == [2]
