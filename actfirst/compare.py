@@ -8,7 +8,8 @@ Every (strategy, seed) is one run of the same config from the same warm start (`
 builds once), only ``rollout.strategy=<strategy> seed=<K> out_dir=<out>/<strategy>/seed<K>`` changed; ``--seeds``
 defaults to the config's ``seed``. ``--resume`` continues a killed comparison: a run whose ``wall_clock.json`` records
 the config's ``num_updates`` is not trained again, a started one resumes from its latest checkpoint, a missing one
-starts. Then ``<out>/comparison.md``, ``comparison.json`` and ``comparison.png`` are written and the table printed.
+starts (a run whose ``config.json`` differs in more than a resume may change is refused first). Then
+``<out>/comparison.md``, ``comparison.json`` and ``comparison.png`` are written and the table printed.
 
 One row per method, from its finished runs (a run's SR, Score and Round are its last evaluation's means over the
 evaluation seeds, ``evals.jsonl``; its training wall-clock is Appendix C.3's final ``train_s``, ``wall_clock.json``):
@@ -47,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from actfirst.config import STRATEGIES, ConfigError, TrainConfig
+from actfirst.config import RESUMABLE_CHANGES, STRATEGIES, ConfigError, TrainConfig, check_resumable, config_json
 from actfirst.eval_report import _finite, mean_sd
 from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure
 from actfirst.user_input import check_writable_dir, command
@@ -77,9 +78,22 @@ def run_dir(out: str | Path, strategy: str, seed: int) -> Path:
 
 def run_state(cfg: TrainConfig) -> str:
     """FINISHED when the run's ``wall_clock.json`` records ``cfg.num_updates`` updates, STARTED when its out_dir
-    exists otherwise, else NEW."""
+    exists otherwise, else NEW. A run's ``config.json`` must be ``cfg`` up to what a resume may change (a finished
+    run's evaluation too: it is not evaluated again), or the comparison is refused before anything trains."""
     final = read_wall_clock(cfg.out_dir)
-    if final is not None and final.get("updates") == cfg.num_updates:
+    finished = final is not None and final.get("updates") == cfg.num_updates
+    path = Path(cfg.out_dir) / "config.json"
+    if finished or path.exists():
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--resume: {path}: the run's config cannot be read ({e})") from None
+        if not isinstance(saved, dict):
+            raise ConfigError(f"--resume: {path}: not a config (a {type(saved).__name__})")
+        may_change = tuple(k for k in RESUMABLE_CHANGES if not (finished and k == "evaluation"))
+        check_resumable(saved, json.loads(config_json(cfg)), f"--resume: {cfg.out_dir}", may_change=may_change,
+                        remedy="pass another --out, or delete the run to train it again")
+    if finished:
         return FINISHED
     return STARTED if Path(cfg.out_dir).exists() else NEW
 
@@ -112,7 +126,7 @@ def run_row(strategy: str, seed: int, path: str | Path) -> dict[str, Any]:
 def method_row(strategy: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One method's aggregates over its finished runs (mean ± SD over training seeds) and its mean curve; every run's
     row under "runs"."""
-    done = [r for r in runs if r["finished"]]
+    done = _finished(runs)
     splits = sorted({split for r in done for split in r["splits"]})
     return {"strategy": strategy, "method": METHODS.get(strategy, strategy), "seeds": [r["seed"] for r in done],
             "unfinished": [r["seed"] for r in runs if not r["finished"]],
@@ -204,13 +218,14 @@ def comparison_rows(runs: dict[str, dict[int, Path]]) -> list[dict[str, Any]]:
     aggregates and, against a ``vanilla`` row with finished runs, its speedups (else None)."""
     methods = [method_row(s, [run_row(s, seed, path) for seed, path in by_seed.items()]) for s, by_seed in runs.items()]
     base = next((m for m in methods if m["strategy"] == BASELINE and m["train_s"]), None)
-    base_times = [r["train_s"] for r in _finished(base)]
+    base_runs = _finished(base["runs"]) if base else []
+    base_times = [r["train_s"] for r in base_runs]
     for m in methods:
-        times = [r["train_s"] for r in _finished(m)]
+        times = [r["train_s"] for r in _finished(m["runs"])]
         m["speedup"] = base["train_s"]["mean"] / m["train_s"]["mean"] if base and m["train_s"] else None
         m["speedup_ci95"] = speedup_interval(base_times, times) if m["speedup"] and m is not base else None
         m.update(time_to_common_sr(base["curve"] if base else [], m["curve"]))
-        m["speedup_at_common_SR_ci95"] = (common_sr_interval(_finished(base), _finished(m))
+        m["speedup_at_common_SR_ci95"] = (common_sr_interval(base_runs, _finished(m["runs"]))
                                           if m["speedup_at_common_SR"] and m is not base else None)
         m.update(speedup_split(base, m))
     return methods
@@ -249,12 +264,12 @@ def comparison_table(methods: list[dict[str, Any]]) -> str:
     if any(m["strategy"] == BASELINE for m in methods):
         columns += [
             (f"Speedup vs {METHODS[BASELINE]} (95% CI)",
-             lambda m: _fmt(m["speedup"], ".2f", "x") + _interval(m["speedup_ci95"])),
+             lambda m: _fmt(m["speedup"], ".2f", "x") + _ci(m["speedup_ci95"], ".2f", lead=" ", absent="")),
             ("Common SR (%)", lambda m: _fmt(m["common_SR"], ".1f")),
             (f"Time to it (s): method / {METHODS[BASELINE]}",
              lambda m: f"{_fmt(m['time_to_common_s'], '.0f')} / {_fmt(m['baseline_time_to_common_s'], '.0f')}"),
             ("Speedup at common SR (95% CI)", lambda m: _fmt(m["speedup_at_common_SR"], ".2f", "x")
-             + _interval(m["speedup_at_common_SR_ci95"])),
+             + _ci(m["speedup_at_common_SR_ci95"], ".2f", lead=" ", absent="")),
             ("Transitions/s ratio / transitions ratio (Sec. 5.4)",
              lambda m: f"{_fmt(m['throughput_ratio'], '.2f')} / {_fmt(m['transitions_ratio'], '.2f')}")]
     if any(m["rollout_eq36"] for m in methods):
@@ -409,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _finished(method: dict[str, Any] | None) -> list[dict[str, Any]]:
-    return [r for r in method["runs"] if r["finished"]] if method else []
+def _finished(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in runs if r["finished"]]
 
 
 def _missing(value: float | None) -> bool:
@@ -455,12 +470,11 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "n/a" if _missing(value) else f"{value:{spec}}{suffix}"
 
 
-def _interval(interval: list[float] | None) -> str:
-    return f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else ""
-
-
-def _ci(interval: list[float | None] | None) -> str:
-    return f"[{interval[0]:.1f}, {interval[1]:.1f}]" if interval and not any(map(_missing, interval)) else "n/a"
+def _ci(interval: list[float | None] | None, spec: str = ".1f", *, lead: str = "", absent: str = "n/a") -> str:
+    """``[low, high]`` after ``lead``, or ``absent`` without an interval or with an end missing."""
+    if not interval or any(map(_missing, interval)):
+        return absent
+    return f"{lead}[{interval[0]:{spec}}, {interval[1]:{spec}}]"
 
 
 def _pm(stat: dict[str, Any] | None, spec: str = ".1f") -> str:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import json
 import math
 import os
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -533,10 +535,10 @@ class BuildModelsConfig:
     ``student_sft.modes``."""
 
     tokenizer_vocab_size: int = 2048
-    thoughts: Literal["short", "restated"] = "short"
-    """The reasoning of the full-response examples (``actfirst.train.sft.THOUGHTS``): ``short`` (about 30 tokens) or
+    thoughts: Literal["short", "restated", "decided"] = "short"
+    """The reasoning of the full-response examples (``actfirst.train.sft.THOUGHTS``): ``short`` (about 30 tokens),
     ``restated`` (the context restated before the step: hundreds of tokens, so that think-then-act rollouts are bound
-    by generation)."""
+    by generation) or ``decided`` (as long: the step first, then the context restated)."""
     teacher: ModelConfig
     teacher_sft: SFTConfig
     student: ModelConfig
@@ -855,3 +857,51 @@ def parse_yaml(text: str, what: str) -> Any:
 def to_dict(cfg: Any) -> dict[str, Any]:
     """A plain dict of a config (for logging and result files)."""
     return dataclasses.asdict(cfg)
+
+
+def config_json(cfg: Any) -> str:
+    """A config as its run's ``config.json`` holds it (:func:`check_resumable` compares configs in this form)."""
+    return json.dumps(to_dict(cfg), indent=1, default=str)
+
+
+RESUMABLE_CHANGES = ("out_dir", "num_updates", "checkpoint_every", "keep_checkpoints", "probe_every", "evaluation",
+                     "prepare", "parallel", "vllm_console_level")
+"""Config sections a resumed run may change (``out_dir``: a run is where it is, moved or spelled otherwise); any
+other difference from the run's saved config is refused."""
+
+
+def check_resumable(saved: dict[str, Any], current: dict[str, Any], what: str, *,
+                    may_change: tuple[str, ...] = RESUMABLE_CHANGES,
+                    remedy: str = "use another out_dir for a new run") -> None:
+    """Refuse to continue or reuse a run under a different config (a different strategy, benchmark, model...):
+    ``saved`` is the run's (checkpointed or finished), ``current`` the one given now, ``what`` names the action, and
+    the message names every differing field outside the sections ``may_change`` with both values. A field the saved
+    config does not have (written before it existed) counts as its default."""
+    defaults = _plain({f.name: to_dict(f.default_factory()) for f in dataclasses.fields(TrainConfig)
+                       if f.default_factory is not dataclasses.MISSING})
+    keys, saved, current = sorted(set(saved) | set(current)), _with_defaults(_plain(saved), defaults), _plain(current)
+    differ = [d for k in keys if k not in may_change for d in _differences(saved.get(k), current.get(k), k)]
+    if differ:
+        more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
+        raise ConfigError(f"{what}: the config differs from the run's saved config: {'; '.join(differ[:5])}{more} "
+                          f"(only {list(may_change)} may change); {remedy}")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON holds it (tuples as lists, paths as strings)."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _with_defaults(saved: Any, defaults: Any) -> Any:
+    """``saved`` with what it lacks of ``defaults`` filled in, section by section."""
+    if not (isinstance(saved, dict) and isinstance(defaults, dict)):
+        return saved
+    return {**defaults, **{k: _with_defaults(v, defaults.get(k)) for k, v in saved.items()}}
+
+
+def _differences(saved: Any, current: Any, key: str) -> list[str]:
+    """``key.field: saved -> current`` for each leaf that differs."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        return [d for k in sorted(set(saved) | set(current))
+                for d in _differences(saved.get(k), current.get(k), f"{key}.{k}")]
+    return [] if saved == current else [f"{key}: {reprlib.repr(saved)} -> {reprlib.repr(current)}"]

@@ -4,4 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=1  # vLLM on 2-core CPUs; tests/conftest.py also sets TRITON_INTERPRET without a GPU
-exec "${ACTFIRST_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
+# One pytest-xdist worker per CPU (at most 4), each taking whole files, so that a file's module fixtures (trained
+# models, simulators) are built once. The tests' processes run one thread each: one worker would leave CPUs idle.
+exec "${ACTFIRST_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider -n logical --maxprocesses 4 --dist loadfile \
+  tests "$@"

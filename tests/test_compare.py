@@ -3,6 +3,7 @@ bootstrap interval, time to the common SR, ALFWorld's splits, Score, table, JSON
 its command line, and ``main`` (which runs it trains, skips or resumes) with config loading, preparation and training
 replaced by stand-ins (no real training)."""
 
+import dataclasses
 import json
 import math
 import sys
@@ -28,7 +29,7 @@ from actfirst.compare import (
     time_to_common_sr,
     write_comparison,
 )
-from actfirst.config import STRATEGIES
+from actfirst.config import STRATEGIES, config_json
 from actfirst.eval_report import EpisodeRecord, EvalReport, wilson_interval
 from actfirst.train.plots import DPI, WALL_CLOCK
 
@@ -327,22 +328,37 @@ def test_overrides_after_the_strategies_and_seeds():
     assert parse_args([]).strategies == ["vanilla", "actfirst"] and parse_args([]).seeds is None
 
 
+@dataclasses.dataclass
+class StandInConfig:
+    """What ``main`` reads of a run's config; :func:`save_config` writes its ``config.json`` as the trainer does."""
+
+    out_dir: str | None
+    strategy: str | None
+    seed: int
+    teacher: str = "T"
+    num_updates: int = 4
+
+
+def save_config(cfg: StandInConfig) -> None:
+    (Path(cfg.out_dir) / "config.json").write_text(config_json(cfg))
+
+
 @pytest.fixture
 def stand_ins(monkeypatch):
     """Stand-ins for the config loader, the preparation, the teacher's summary and the trainer (which writes a
-    finished run of 4 updates); the calls they got, in order."""
+    finished run of 4 updates and its config); the calls they got, in order."""
     calls = []
 
     def stand_in_load_run_config(config, overrides):
         calls.append(("load", config, overrides))
         values = dict(o.split("=", 1) for o in overrides)
-        return types.SimpleNamespace(out_dir=values.get("out_dir"), strategy=values.get("rollout.strategy"),
-                                     seed=int(values.get("seed", 7)), teacher="T", num_updates=4)
+        return StandInConfig(values.get("out_dir"), values.get("rollout.strategy"), int(values.get("seed", 7)))
 
     def stand_in_train(cfg, resume=False):
         calls.append(("train", cfg.strategy, cfg.seed, resume))
         wall = {"vanilla": 200.0, "actfirst": 80.0}[cfg.strategy] + 2 * cfg.seed
         write_run(Path(cfg.out_dir), wall=wall, transitions=400, evals=[(4, wall, [2, 3])], updates=cfg.num_updates)
+        save_config(cfg)
 
     monkeypatch.setitem(sys.modules, "actfirst.run", types.SimpleNamespace(load_run_config=stand_in_load_run_config))
     monkeypatch.setitem(sys.modules, "actfirst.prepare", types.SimpleNamespace(
@@ -386,6 +402,7 @@ def test_resume_skips_finished_runs_and_continues_the_others(tmp_path, capsys, s
     the 4 updates: not finished); actfirst seed 2 never started."""
     out = tmp_path / "cmp"
     write_run(out / "vanilla" / "seed1", wall=202.0, transitions=400, evals=[(4, 202.0, [2, 3])])
+    save_config(StandInConfig(str(out / "vanilla" / "seed1"), "vanilla", 1))
     write_run(out / "vanilla" / "seed2", wall=90.0, transitions=200, evals=[], updates=2, finished=False)
     write_run(out / "actfirst" / "seed1", wall=40.0, transitions=200, evals=[], updates=2)
     assert main(["--out", str(out), "--seeds", "1", "2"]) == 2  # refused without --resume
@@ -401,6 +418,38 @@ def test_resume_skips_finished_runs_and_continues_the_others(tmp_path, capsys, s
     stand_ins.clear()  # everything finished: a resumed comparison only writes the table
     assert main(["--out", str(out), "--seeds", "1", "2", "--resume"]) == 0
     assert not [c for c in stand_ins if c[0] != "load"]
+
+
+def test_resume_refuses_a_run_of_another_config(tmp_path, capsys, stand_ins):
+    """Before anything trains: a finished run saved under another teacher or evaluation, or a started one under
+    another teacher, is refused by field and values; a started run may change its evaluation, as a resume may."""
+    out = tmp_path / "cmp"
+    assert main(["--out", str(out), "--seeds", "1", "2", "--strategies", "vanilla"]) == 0
+    finished, started = out / "vanilla" / "seed1", out / "vanilla" / "seed2"
+    (started / WALL_CLOCK).unlink()
+    save_config(StandInConfig(str(finished), "vanilla", 1, teacher="another teacher"))
+    stand_ins.clear()
+    resume = ["--out", str(out), "--seeds", "1", "2", "--strategies", "vanilla", "--resume"]
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: {finished}: the config differs from the run's saved config: teacher: 'another teacher' -> 'T'" \
+        in err and "pass another --out, or delete the run to train it again" in err
+    assert not [c for c in stand_ins if c[0] in ("train", "prepare")]
+    save_config(StandInConfig(str(finished), "vanilla", 1))
+    config = json.loads((started / "config.json").read_text())
+    (started / "config.json").write_text(json.dumps({**config, "evaluation": {"seeds": [7]}, "out_dir": "moved"}))
+    assert main(resume) == 0  # the started run resumes under its new evaluation (and is where it is)
+    assert [c[1:] for c in stand_ins if c[0] == "train"] == [("vanilla", 2, True)]
+    own = json.loads((finished / "config.json").read_text())
+    (finished / "config.json").write_text(json.dumps({**own, "evaluation": {"seeds": [7]}}))
+    assert main(resume) == 2  # its table row would hold another evaluation's SR
+    assert "differs from the run's saved config: evaluation: " in capsys.readouterr().err
+    (finished / "config.json").write_text("[1, 2]")
+    assert main(resume) == 2
+    assert f"{finished / 'config.json'}: not a config (a list)" in capsys.readouterr().err
+    (finished / "config.json").write_text("{not json")
+    assert main(resume) == 2
+    assert f"{finished / 'config.json'}: the run's config cannot be read" in capsys.readouterr().err
 
 
 def test_the_default_seed_is_the_configs(tmp_path, stand_ins):

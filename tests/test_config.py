@@ -1,8 +1,23 @@
 """Config loading: YAML, dotted overrides, and errors that name the key and the value."""
 
+import dataclasses
+import json
+from pathlib import Path
+
 import pytest
 
-from actfirst.config import ConfigError, RolloutSpeedupConfig, SchedulerConfig, load_config
+from actfirst.config import (
+    ConfigError,
+    RolloutSpeedupConfig,
+    SchedulerConfig,
+    TrainConfig,
+    check_resumable,
+    config_json,
+    load_config,
+    paths_unchecked,
+)
+
+CONFIGS = Path(__file__).parents[1] / "configs"
 
 
 @pytest.fixture
@@ -62,3 +77,23 @@ def test_shipped_configs_load(tiny_model_dir):
     for path in sorted(Path(__file__).parents[1].glob("configs/rollout_speedup*.yaml")):
         cfg = load_config(RolloutSpeedupConfig, path, [f"engine.model={tiny_model_dir}"])
         assert cfg.num_tasks >= 1
+
+
+def test_a_run_resumes_only_under_its_own_config():
+    """``check_resumable`` on a real config as the trainer saves it (``config.json``): the same config passes, also
+    from a file written before a section or a field existed; a change is refused by field with both values, unless
+    it is in a section a resume may change."""
+    with paths_unchecked():
+        cfg = load_config(TrainConfig, CONFIGS / "demo" / "scienceworld_lifespan.yaml")
+        other = load_config(TrainConfig, CONFIGS / "demo" / "scienceworld_lifespan.yaml",
+                            ["rollout.strategy=vanilla", "optim.lr=1e-4", "num_updates=3", "out_dir=elsewhere"])
+    saved, current = json.loads(config_json(cfg)), json.loads(config_json(cfg))
+    check_resumable(saved, current, "resume")
+    del saved["uopd"], saved["optim"]["betas"]  # older files: both come back as their defaults
+    check_resumable(saved, current, "resume")
+    with pytest.raises(ConfigError) as refused:
+        check_resumable(saved, dataclasses.asdict(other), "resume")  # tuples and paths as JSON holds them
+    assert str(refused.value).startswith("resume: the config differs from the run's saved config: optim.lr: 0.0005 "
+                                         "-> 0.0001; rollout.strategy: 'actfirst' -> 'vanilla' (only ['out_dir', ")
+    assert str(refused.value).endswith("may change); use another out_dir for a new run")
+    check_resumable(saved, dataclasses.asdict(other), "x", may_change=("optim", "rollout", "num_updates", "out_dir"))

@@ -9,9 +9,9 @@ o_{t+1}) becomes one example per prompt mode (B.1):
 - next-action prediction and inverse dynamics: ``<action>a_t</action>`` (action only).
 
 The reasoning is one of :data:`THOUGHTS`: ``short`` (the goal and the step, about 30 tokens: the main demo, whose
-rollouts are bound by the environment) or ``restated`` (the context restated before the step, hundreds of tokens:
+rollouts are bound by the environment), ``restated`` (the context restated before the step, hundreds of tokens:
 a full response as long against its action as a real model's thinking, so that think-then-act rollouts are bound
-by generation as on a GPU).
+by generation as on a GPU) or ``decided`` (as long: the step first, then the context restated).
 
 Prompts are rendered by :func:`actfirst.prompts.build_prompt`, the same code the rollouts use, from transitions
 replayed in the simulator (the cache's transitions are slimmed: no admissible list, no object aliases).
@@ -67,24 +67,37 @@ def short_thought(benchmark: Benchmark, step: ExpertStep) -> str:
     return f"My task is to {goal(step.current.task_description)}. The next step is: {step.action}."
 
 
+def _context_restated(benchmark: Benchmark, step: ExpertStep) -> str:
+    """The prompt's context restated line by line: the task, the steps taken, the current observation and the
+    admissible-action information (the benchmark's B.1 prompt fields)."""
+    done = "; ".join(s.action for s in step.history) or "none yet"
+    options = "\n".join(f"{name.replace('_', ' ').capitalize()}: {value}."
+                        for name, value in benchmark.prompt_fields(step.current).items())
+    return (f"The task says: {step.current.task_description.strip()}\n"
+            f"Steps taken ({len(step.history)}): {done}.\n"
+            f"What I see now: {step.current.observation.strip()}\n"
+            f"{options}")
+
+
 def restated_thought(benchmark: Benchmark, step: ExpertStep) -> str:
-    """Hundreds of tokens: the goal, the task, the steps taken, the current observation and the admissible-action
-    information (the benchmark's B.1 prompt fields), each restated from the prompt. Every part is in the prompt, so a
+    """Hundreds of tokens: the goal, then the context restated from the prompt. Every part is in the prompt, so a
     small model learns to write it by copying. The step itself is named only in the action field: a thought that
     ended "The next step is: a." taught the small models to continue ``<action>a`` with "." and the thought's lines
     (measured: a third of the student's actions empty or garbled, more after OPD updates)."""
-    done = "; ".join(s.action for s in step.history) or "none yet"
-    options = "\n".join(f"{name.replace('_', ' ').capitalize()}: {value}."
-                         for name, value in benchmark.prompt_fields(step.current).items())
     return (f"My task is to {goal(step.current.task_description)}.\n"
-            f"The task says: {step.current.task_description.strip()}\n"
-            f"Steps taken ({len(step.history)}): {done}.\n"
-            f"What I see now: {step.current.observation.strip()}\n"
-            f"{options}\n"
+            f"{_context_restated(benchmark, step)}\n"
             "Now I choose the next step.")
 
 
-THOUGHTS: dict[str, Thought] = {"short": short_thought, "restated": restated_thought}
+def decided_thought(benchmark: Benchmark, step: ExpertStep) -> str:
+    """Hundreds of tokens that carry the decision: the short thought (the goal and the step), then the context
+    restated as a check. The step is chosen where the context is the prompt alone, not after the model's own copy of
+    it: in ``restated`` thoughts a copying mistake (a wrong room, a step never taken) comes before the decision and
+    steers it, and the few tokens that decide get a small share of OPD's per-token advantage."""
+    return f"{short_thought(benchmark, step)}\n{_context_restated(benchmark, step)}\nSo I take that step."
+
+
+THOUGHTS: dict[str, Thought] = {"short": short_thought, "restated": restated_thought, "decided": decided_thought}
 """The reasoning styles a built model learns (``prepare.build_models.thoughts``)."""
 
 

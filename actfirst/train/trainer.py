@@ -50,7 +50,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from actfirst.config import ConfigError, TrainConfig, to_dict
+from actfirst.config import ConfigError, TrainConfig, check_resumable, config_json, to_dict
 from actfirst.engine.core import ActFirstEngine, RequestRecord, summarize_records
 from actfirst.engine.request import RequestKind, SamplingSpec
 from actfirst.envs.benchmarks import get_benchmark
@@ -88,9 +88,6 @@ from actfirst.train.student import StudentUpdater
 from actfirst.train.teacher import TeacherScorer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-RESUMABLE_CHANGES = ("num_updates", "checkpoint_every", "keep_checkpoints", "probe_every", "evaluation", "prepare",
-                     "parallel", "vllm_console_level")
-"""Config keys a resumed run may change; any other difference from the checkpointed run is refused."""
 EARLY_WINDOW_S = 600.0
 """C.5's early throughput window: the first 600 s from the first rollout batch's start (Table 9)."""
 ENGINE_PROBE = "The same weights give the same log-probs on every rank."
@@ -291,7 +288,7 @@ class Trainer:
         """Continue from ``self.checkpoint``: optimizer (resharded), schedule, counters, and this rank's state."""
         trainer_state, rank_states = load_training_checkpoint(self.checkpoint, ctx=self.ctx, policy=self.policy,
                                                               optimizer=self.updater.optimizer)
-        _check_resumable(trainer_state["config"], to_dict(self.cfg))
+        check_resumable(trainer_state["config"], to_dict(self.cfg), "resume")
         self.updater.load_state_dict(trainer_state["updater"])
         self.probe_gaps = list(trainer_state["probe_gaps"])
         self.total_transitions = trainer_state["total_transitions"]
@@ -342,7 +339,7 @@ class Trainer:
         if not self.ctx.lead:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        (self.out_dir / "config.json").write_text(json.dumps(to_dict(self.cfg), indent=1, default=str))
+        (self.out_dir / "config.json").write_text(config_json(self.cfg))
         if self.resume:  # drop what the updates after the checkpoint (or before any checkpoint) logged
             truncate_metrics(self.out_dir / "metrics.jsonl", self.first_update - 1)
             truncate_metrics(self.out_dir / "evals.jsonl", self.first_update - 1)
@@ -692,15 +689,3 @@ def kernel_paths() -> dict[str, str]:
     """Which path the fused ops' dispatcher took last for scoring and for the update (``actfirst.kernels``)."""
     plans = {"kernel/score_path": last_path("logprob_gather"), "kernel/update_path": last_path("ppo_loss_from_hidden")}
     return {key: plan.path for key, plan in plans.items() if plan is not None}
-
-
-def _check_resumable(saved: dict[str, Any], current: dict[str, Any]) -> None:
-    """Refuse to resume a run under a different config (a different strategy, benchmark, model...). A section the
-    checkpointed run's config does not have (written before the section existed) counts as its default."""
-    defaults = {f.name: to_dict(f.default_factory()) for f in dataclasses.fields(TrainConfig)
-                if f.default_factory is not dataclasses.MISSING}
-    differ = [k for k in sorted(set(saved) | set(current))
-              if k not in RESUMABLE_CHANGES and saved.get(k, defaults.get(k)) != current.get(k)]
-    if differ:
-        raise ValueError(f"resume: the config differs from the checkpointed run's in {differ} (only "
-                         f"{list(RESUMABLE_CHANGES)} may change); use another out_dir for a new run")

@@ -8,7 +8,15 @@ from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.response_format import THINK_CLOSE, extract_action
 from actfirst.models.tokenizers import build_qwen3_tokenizer
 from actfirst.prompts import Mode, Step
-from actfirst.train.sft import THOUGHTS, ExpertStep, examples, response_text, restated_thought, short_thought
+from actfirst.train.sft import (
+    THOUGHTS,
+    ExpertStep,
+    decided_thought,
+    examples,
+    response_text,
+    restated_thought,
+    short_thought,
+)
 
 TASK = "Your task is to find the animal with the longest life span. The animals are in the 'outside' location."
 SCIENCEWORLD = Transition(observation="You move to the greenhouse.", admissible=("go to outside",), score=0,
@@ -39,6 +47,21 @@ def test_restated_thought_by_hand():
     assert first.endswith("'take mug 1 from countertop 1'.\nNow I choose the next step.")  # the step: in the action only
 
 
+def test_decided_thought_by_hand():
+    history = (Step("This room is called the hallway.", "go to greenhouse"),)
+    text = decided_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "go to outside", history))
+    assert text == ("My task is to find the animal with the longest life span. The next step is: go to outside.\n"
+                    f"The task says: {TASK}\n"
+                    "Steps taken (1): go to greenhouse.\n"
+                    "What I see now: You move to the greenhouse.\n"
+                    "Action templates: go OBJ, focus on OBJ.\n"
+                    "Objects: bee hive, door to outside.\n"
+                    "So I take that step.")
+    first = decided_thought(get_benchmark("alfworld"), step(ALFWORLD, "take mug 1 from countertop 1"))
+    assert first.startswith("My task is to put a clean mug in countertop. The next step is: take mug 1 from "
+                            "countertop 1.\nThe task says: put a clean mug in countertop.\nSteps taken (0): none yet.\n")
+
+
 @pytest.mark.parametrize("name", sorted(THOUGHTS))
 def test_full_response_parses_to_the_step(name):
     benchmark = get_benchmark("scienceworld")
@@ -50,7 +73,7 @@ def test_full_response_parses_to_the_step(name):
         assert response_text(benchmark, mode, expert, THOUGHTS[name]) == "<action>focus on bee hive</action>"
 
 
-def test_restated_examples_are_longer_and_supervise_every_response_token():
+def test_long_examples_are_longer_and_supervise_every_response_token():
     tokenizer = build_qwen3_tokenizer()
     benchmark = get_benchmark("scienceworld")
     steps = [step(SCIENCEWORLD, "go to outside"), step(SCIENCEWORLD, "focus on bee hive",
@@ -60,10 +83,16 @@ def test_restated_examples_are_longer_and_supervise_every_response_token():
     for samples in built.values():
         assert all(s.loss_mask == [1] * len(s.response_ids) for s in samples)
         assert all(s.response_ids[-1] == tokenizer.eos_token_id for s in samples)
-    short, long = built["short"], built["restated"]
-    assert [s.context_ids for s in short] == [s.context_ids for s in long]  # the same prompts
-    full = [(a, b) for a, b in zip(short, long, strict=True) if a.strategy == "sft:full_response"]
-    assert len(full) == 2 and all(len(b.response_ids) > 2 * len(a.response_ids) for a, b in full)
-    assert all(a.response_ids == b.response_ids for a, b in zip(short, long, strict=True)
-               if a.strategy == "sft:next_action")
-    assert short_thought(benchmark, steps[0]) in tokenizer.decode(full[0][0].response_ids)
+    short = built["short"]
+    for name in ("restated", "decided"):
+        long = built[name]
+        assert [s.context_ids for s in short] == [s.context_ids for s in long]  # the same prompts
+        full = [(a, b) for a, b in zip(short, long, strict=True) if a.strategy == "sft:full_response"]
+        assert len(full) == 2 and all(len(b.response_ids) > 2 * len(a.response_ids) for a, b in full), name
+        assert all(a.response_ids == b.response_ids for a, b in zip(short, long, strict=True)
+                   if a.strategy == "sft:next_action")
+    def first_full_response(name: str) -> str:
+        return tokenizer.decode(next(s for s in built[name] if s.strategy == "sft:full_response").response_ids)
+
+    assert short_thought(benchmark, steps[0]) in first_full_response("short")
+    assert first_full_response("decided").startswith(f"<think>\n{short_thought(benchmark, steps[0])}\nThe task says:")
