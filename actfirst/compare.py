@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from actfirst.config import RESUMABLE_CHANGES, STRATEGIES, ConfigError, TrainConfig, check_resumable, config_json
+from actfirst.config import RESUMABLE_CHANGES, STRATEGIES, ConfigError, TrainConfig, check_resumable, to_dict
 from actfirst.eval_report import _finite, mean_sd
 from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure
 from actfirst.user_input import check_writable_dir, command
@@ -91,7 +91,7 @@ def run_state(cfg: TrainConfig) -> str:
         if not isinstance(saved, dict):
             raise ConfigError(f"--resume: {path}: not a config (a {type(saved).__name__})")
         may_change = tuple(k for k in RESUMABLE_CHANGES if not (finished and k == "evaluation"))
-        check_resumable(saved, json.loads(config_json(cfg)), f"--resume: {cfg.out_dir}", may_change=may_change,
+        check_resumable(saved, to_dict(cfg), f"--resume: {cfg.out_dir}", may_change=may_change,
                         remedy="pass another --out, or delete the run to train it again")
     if finished:
         return FINISHED
