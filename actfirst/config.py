@@ -535,10 +535,11 @@ class BuildModelsConfig:
     ``student_sft.modes``."""
 
     tokenizer_vocab_size: int = 2048
-    thoughts: Literal["short", "restated", "decided"] = "short"
+    thoughts: Literal["short", "restated", "decided", "surveyed"] = "short"
     """The reasoning of the full-response examples (``actfirst.train.sft.THOUGHTS``): ``short`` (about 30 tokens),
     ``restated`` (the context restated before the step: hundreds of tokens, so that think-then-act rollouts are bound
-    by generation) or ``decided`` (as long: the step first, then the context restated)."""
+    by generation), ``decided`` (as long: the step first, then the context restated) or ``surveyed`` (the task and
+    ScienceWorld's action commands restated, then the short thought: about 150 tokens, fixed but for the step)."""
     teacher: ModelConfig
     teacher_sft: SFTConfig
     student: ModelConfig

@@ -11,7 +11,9 @@ o_{t+1}) becomes one example per prompt mode (B.1):
 The reasoning is one of :data:`THOUGHTS`: ``short`` (the goal and the step, about 30 tokens: the main demo, whose
 rollouts are bound by the environment), ``restated`` (the context restated before the step, hundreds of tokens:
 a full response as long against its action as a real model's thinking, so that think-then-act rollouts are bound
-by generation as on a GPU) or ``decided`` (as long: the step first, then the context restated).
+by generation as on a GPU), ``decided`` (as long: the step first, then the context restated) or ``surveyed``
+(the task and the action commands restated, then the short thought: about 150 tokens, the same at every step but
+the decision).
 
 Prompts are rendered by :func:`actfirst.prompts.build_prompt`, the same code the rollouts use, from transitions
 replayed in the simulator (the cache's transitions are slimmed: no admissible list, no object aliases).
@@ -97,7 +99,24 @@ def decided_thought(benchmark: Benchmark, step: ExpertStep) -> str:
     return f"{short_thought(benchmark, step)}\n{_context_restated(benchmark, step)}\nSo I take that step."
 
 
-THOUGHTS: dict[str, Thought] = {"short": short_thought, "restated": restated_thought, "decided": decided_thought}
+def surveyed_thought(benchmark: Benchmark, step: ExpertStep) -> str:
+    """About 150 tokens (ScienceWorld's lifespan tasks) that are the same at every step of a task but for the
+    decision: the task and the action commands restated (the prompt's parts that do not change within an episode),
+    then the short thought. A small student learns the fixed text in its warm start, so that OPD's per-token
+    advantage can sit on the few tokens that decide, as in the main demo, while a full response still decodes about
+    25 times its action's tokens (000 Sec. 5.3 times 128- and 512-token responses against 16-token fast actions).
+    The commands are ScienceWorld's action templates; a transition without templates has no fixed list to
+    restate."""
+    if not step.current.templates:
+        raise ValueError("prepare.build_models.thoughts='surveyed' restates ScienceWorld's action templates; the "
+                         f"transition of task {step.task!r} has none")
+    return (f"The task says: {step.current.task_description.strip()}\n"
+            f"The action commands: {', '.join(step.current.templates)}.\n"
+            f"{short_thought(benchmark, step)}")
+
+
+THOUGHTS: dict[str, Thought] = {"short": short_thought, "restated": restated_thought, "decided": decided_thought,
+                                "surveyed": surveyed_thought}
 """The reasoning styles a built model learns (``prepare.build_models.thoughts``)."""
 
 

@@ -16,6 +16,7 @@ from actfirst.train.sft import (
     response_text,
     restated_thought,
     short_thought,
+    surveyed_thought,
 )
 
 TASK = "Your task is to find the animal with the longest life span. The animals are in the 'outside' location."
@@ -62,6 +63,19 @@ def test_decided_thought_by_hand():
                             "countertop 1.\nThe task says: put a clean mug in countertop.\nSteps taken (0): none yet.\n")
 
 
+def test_surveyed_thought_by_hand():
+    history = (Step("This room is called the hallway.", "go to greenhouse"),)
+    text = surveyed_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "go to outside", history))
+    assert text == (f"The task says: {TASK}\n"
+                    "The action commands: go OBJ, focus on OBJ.\n"
+                    "My task is to find the animal with the longest life span. The next step is: go to outside.")
+    other = surveyed_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "focus on bee hive"))
+    assert text.splitlines()[:2] == other.splitlines()[:2]  # fixed within the task: only the decision differs
+    # ALFWorld's transitions have no templates to restate
+    with pytest.raises(ValueError, match=r"prepare\.build_models\.thoughts='surveyed'.*task 't' has none"):
+        surveyed_thought(get_benchmark("alfworld"), step(ALFWORLD, "take mug 1 from countertop 1"))
+
+
 @pytest.mark.parametrize("name", sorted(THOUGHTS))
 def test_full_response_parses_to_the_step(name):
     benchmark = get_benchmark("scienceworld")
@@ -84,11 +98,12 @@ def test_long_examples_are_longer_and_supervise_every_response_token():
         assert all(s.loss_mask == [1] * len(s.response_ids) for s in samples)
         assert all(s.response_ids[-1] == tokenizer.eos_token_id for s in samples)
     short = built["short"]
-    for name in ("restated", "decided"):
+    for name in ("restated", "decided", "surveyed"):
         long = built[name]
         assert [s.context_ids for s in short] == [s.context_ids for s in long]  # the same prompts
         full = [(a, b) for a, b in zip(short, long, strict=True) if a.strategy == "sft:full_response"]
-        assert len(full) == 2 and all(len(b.response_ids) > 2 * len(a.response_ids) for a, b in full), name
+        ratio = 1.5 if name == "surveyed" else 2  # surveyed restates only the task and the fixture's 2 templates
+        assert len(full) == 2 and all(len(b.response_ids) > ratio * len(a.response_ids) for a, b in full), name
         assert all(a.response_ids == b.response_ids for a, b in zip(short, long, strict=True)
                    if a.strategy == "sft:next_action")
     def first_full_response(name: str) -> str:
@@ -96,3 +111,5 @@ def test_long_examples_are_longer_and_supervise_every_response_token():
 
     assert short_thought(benchmark, steps[0]) in first_full_response("short")
     assert first_full_response("decided").startswith(f"<think>\n{short_thought(benchmark, steps[0])}\nThe task says:")
+    assert first_full_response("surveyed").endswith(f"{short_thought(benchmark, steps[0])}\n</think>\n\n"
+                                                    "<action>go to outside</action><|im_end|>")
