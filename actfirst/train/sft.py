@@ -69,13 +69,18 @@ def short_thought(benchmark: Benchmark, step: ExpertStep) -> str:
     return f"My task is to {goal(step.current.task_description)}. The next step is: {step.action}."
 
 
+def _task_restated(step: ExpertStep) -> str:
+    """The task description as the restating thoughts open: "The task says: ..."."""
+    return f"The task says: {step.current.task_description.strip()}"
+
+
 def _context_restated(benchmark: Benchmark, step: ExpertStep) -> str:
     """The prompt's context restated line by line: the task, the steps taken, the current observation and the
     admissible-action information (the benchmark's B.1 prompt fields)."""
     done = "; ".join(s.action for s in step.history) or "none yet"
     options = "\n".join(f"{name.replace('_', ' ').capitalize()}: {value}."
                         for name, value in benchmark.prompt_fields(step.current).items())
-    return (f"The task says: {step.current.task_description.strip()}\n"
+    return (f"{_task_restated(step)}\n"
             f"Steps taken ({len(step.history)}): {done}.\n"
             f"What I see now: {step.current.observation.strip()}\n"
             f"{options}")
@@ -110,7 +115,7 @@ def surveyed_thought(benchmark: Benchmark, step: ExpertStep) -> str:
     if not step.current.templates:
         raise ValueError("prepare.build_models.thoughts='surveyed' restates ScienceWorld's action templates; the "
                          f"transition of task {step.task!r} has none")
-    return (f"The task says: {step.current.task_description.strip()}\n"
+    return (f"{_task_restated(step)}\n"
             f"The action commands: {', '.join(step.current.templates)}.\n"
             f"{short_thought(benchmark, step)}")
 
