@@ -48,8 +48,9 @@ from typing import Any
 
 import numpy as np
 
-from actfirst.config import RESUMABLE_CHANGES, STRATEGIES, ConfigError, TrainConfig, check_resumable, to_dict
+from actfirst.config import RESUMABLE_CHANGES, STRATEGIES, ConfigError, TrainConfig, check_resumable
 from actfirst.eval_report import _finite, mean_sd
+from actfirst.schema import to_dict
 from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure
 from actfirst.user_input import check_writable_dir, command
 

@@ -1,55 +1,23 @@
-"""Typed configuration: ``kw_only`` dataclasses loaded from YAML with dotted command-line overrides.
+"""The config sections of a run: the engine, scheduler, rollouts, update, evaluation and preparation, and
+:class:`TrainConfig` that holds them (the loading machinery and ``check``: ``actfirst.schema``)::
 
-Every check lives here. ``load_config`` rejects an unknown key, a wrong type or an impossible value
-before any work starts, with a :class:`ConfigError` that names the dotted key and the value::
-
-    cfg = load_config(RolloutSpeedupConfig, "configs/rollout_speedup_cpu.yaml", ["scheduler.b_max=64"])
+    cfg = load_config(TrainConfig, "configs/demo/scienceworld_lifespan.yaml", ["scheduler.b_max=64"])
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import json
-import math
-import os
 import reprlib
-import types
 import typing
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-import yaml
-
-from actfirst.user_input import ConfigError, check_exists, read_text
+from actfirst.schema import check, check_dir, paths_checked, to_dict
+from actfirst.user_input import ConfigError, check_exists
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo" / "scienceworld_lifespan.yaml"
 """The CPU demo's config (``python -m actfirst.run`` with no ``--config``)."""
-
-
-_CHECK_PATHS: contextvars.ContextVar[bool] = contextvars.ContextVar("actfirst_check_paths", default=True)
-
-
-@contextlib.contextmanager
-def paths_unchecked():
-    """Build configs whose input paths need not exist yet (``actfirst.prepare`` makes them; it then calls
-    :func:`check_paths`)."""
-    token = _CHECK_PATHS.set(False)
-    try:
-        yield
-    finally:
-        _CHECK_PATHS.reset(token)
-
-
-def _check_dir(path: str, key: str) -> None:
-    if _CHECK_PATHS.get():
-        check_exists(path, key)
-
-
-def _check(ok: bool, key: str, value: Any, why: str) -> None:
-    if not ok:
-        raise ConfigError(f"{key}={value!r}: {why}")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -74,10 +42,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("env_bpe_vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "intermediate_size", "max_position_embeddings"):
-            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
-        _check(self.env_bpe_vocab_size >= 300, "env_bpe_vocab_size", self.env_bpe_vocab_size,
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        check(self.env_bpe_vocab_size >= 300, "env_bpe_vocab_size", self.env_bpe_vocab_size,
                "must be >= 300 (256 bytes plus merges and special tokens)")
-        _check(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
+        check(self.num_attention_heads % self.num_key_value_heads == 0, "num_key_value_heads",
                self.num_key_value_heads, f"must divide num_attention_heads={self.num_attention_heads}")
 
 
@@ -105,13 +73,13 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check(bool(self.model.strip()), "model", self.model, "must name a Hugging Face model directory")
-        _check_dir(self.model, "model")
+        check(bool(self.model.strip()), "model", self.model, "must name a Hugging Face model directory")
+        check_dir(self.model, "model")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib"):
-            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
-        _check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", self.gpu_memory_utilization,
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", self.gpu_memory_utilization,
                "must be in (0, 1]")
-        _check(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
+        check(self.max_num_batched_tokens >= self.max_model_len, "max_num_batched_tokens",
                self.max_num_batched_tokens, f"must be >= max_model_len={self.max_model_len}")
 
 
@@ -129,8 +97,8 @@ class SchedulerConfig:
     """With ``reserve``: slots only fast actions may take (capped at b_max - 1)."""
 
     def __post_init__(self) -> None:
-        _check(self.b_max >= 1, "b_max", self.b_max, "must be >= 1")
-        _check(self.reserved_fast_slots >= 0, "reserved_fast_slots", self.reserved_fast_slots, "must be >= 0")
+        check(self.b_max >= 1, "b_max", self.b_max, "must be >= 1")
+        check(self.reserved_fast_slots >= 0, "reserved_fast_slots", self.reserved_fast_slots, "must be >= 0")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -155,16 +123,16 @@ class ScienceWorldConfig:
         from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
 
         unknown = [s for s in self.simplification.split(",") if s and s not in SIMPLIFICATIONS]
-        _check(not unknown, "simplification", self.simplification, f"{unknown} not among {list(SIMPLIFICATIONS)}")
+        check(not unknown, "simplification", self.simplification, f"{unknown} not among {list(SIMPLIFICATIONS)}")
         unknown = [t for t in self.train_task_types if t not in TASK_TYPES]
-        _check(not unknown, "train_task_types", unknown, "not ScienceWorld task types")
-        _check(len(set(self.train_task_types)) == len(self.train_task_types), "train_task_types",
+        check(not unknown, "train_task_types", unknown, "not ScienceWorld task types")
+        check(len(set(self.train_task_types)) == len(self.train_task_types), "train_task_types",
                self.train_task_types, "has duplicates")
-        _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
         unknown = [t for t in self.eval_task_types or () if t not in TASK_TYPES]
-        _check(not unknown and self.eval_task_types != [], "eval_task_types", self.eval_task_types,
+        check(not unknown and self.eval_task_types != [], "eval_task_types", self.eval_task_types,
                "must be ScienceWorld task types (or null: all 30)")
-        _check(self.eval_variations >= 1, "eval_variations", self.eval_variations, "must be >= 1")
+        check(self.eval_variations >= 1, "eval_variations", self.eval_variations, "must be >= 1")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -181,8 +149,8 @@ class ALFWorldConfig:
     """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
 
     def __post_init__(self) -> None:
-        _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
-        _check(self.games_per_type >= 1, "games_per_type", self.games_per_type, "must be >= 1")
+        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        check(self.games_per_type >= 1, "games_per_type", self.games_per_type, "must be >= 1")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -205,10 +173,10 @@ class WebShopConfig:
     """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
 
     def __post_init__(self) -> None:
-        _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
         for key in ("product_file", "attribute_file"):
-            _check(bool(getattr(self, key).strip()), key, getattr(self, key), "must name a file")
-        _check(self.num_products in (None, 100, 1000, 100000), "num_products", self.num_products,
+            check(bool(getattr(self, key).strip()), key, getattr(self, key), "must name a file")
+        check(self.num_products in (None, 100, 1000, 100000), "num_products", self.num_products,
                "must be null (all of product_file) or one of WebShop's index sizes 100, 1000, 100000")
 
 
@@ -238,13 +206,13 @@ class SearchConfig:
     """Search has no B.1 next-action-prediction or inverse-dynamics prompts and no reference trajectories."""
 
     def __post_init__(self) -> None:
-        _check(self.retrieval_url.startswith(("http://", "https://")), "retrieval_url", self.retrieval_url,
+        check(self.retrieval_url.startswith(("http://", "https://")), "retrieval_url", self.retrieval_url,
                "must be an http(s) URL of a retrieval server (POST /retrieve)")
-        _check(self.topk >= 1, "topk", self.topk, "must be >= 1")
-        _check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
-        _check(bool(self.train_file.strip()), "train_file", self.train_file, "must name a JSONL file")
-        _check(bool(self.test_files), "test_files", self.test_files, "must name at least one JSONL file")
-        _check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0")
+        check(self.topk >= 1, "topk", self.topk, "must be >= 1")
+        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        check(bool(self.train_file.strip()), "train_file", self.train_file, "must name a JSONL file")
+        check(bool(self.test_files), "test_files", self.test_files, "must name at least one JSONL file")
+        check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -282,23 +250,23 @@ class RolloutSpeedupConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_tasks", "num_batches", "fast_action_tokens", "repeats"):
-            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         lo, hi = self.context_tokens
-        _check(1 <= lo <= hi, "context_tokens", self.context_tokens, "must be (lo, hi) with 1 <= lo <= hi")
+        check(1 <= lo <= hi, "context_tokens", self.context_tokens, "must be (lo, hi) with 1 <= lo <= hi")
         for name in ("full_response_tokens", "b_max", "turns", "turns_sweep", "concurrency_sweep"):
             values = getattr(self, name)
-            _check(len(values) > 0 and all(v >= 1 for v in values), name, values, "must be a non-empty list of ints >= 1")
+            check(len(values) > 0 and all(v >= 1 for v in values), name, values, "must be a non-empty list of ints >= 1")
         for policy in self.admission_policies:
-            _check(policy in ("wait", "reserve", "preempt"), "admission_policies", self.admission_policies,
+            check(policy in ("wait", "reserve", "preempt"), "admission_policies", self.admission_policies,
                    "entries must be 'wait', 'reserve' or 'preempt'")
-        _check(max(self.b_max) <= self.engine.max_num_seqs, "b_max", self.b_max,
+        check(max(self.b_max) <= self.engine.max_num_seqs, "b_max", self.b_max,
                f"must not exceed engine.max_num_seqs={self.engine.max_num_seqs}")
-        _check(max(self.concurrency_sweep) <= self.engine.max_num_seqs, "concurrency_sweep", self.concurrency_sweep,
+        check(max(self.concurrency_sweep) <= self.engine.max_num_seqs, "concurrency_sweep", self.concurrency_sweep,
                f"must not exceed engine.max_num_seqs={self.engine.max_num_seqs}")
         need = hi + max(self.full_response_tokens) + 1
-        _check(need <= self.engine.max_model_len, "full_response_tokens", self.full_response_tokens,
+        check(need <= self.engine.max_model_len, "full_response_tokens", self.full_response_tokens,
                f"context_tokens[1] + full response = {need} exceeds engine.max_model_len={self.engine.max_model_len}")
-        _check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
+        check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
 
 
 STRATEGIES = ("vanilla", "actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "f2b", "b2f", "uopd")
@@ -323,9 +291,9 @@ class ThinkingBudgetConfig:
 
     def __post_init__(self) -> None:
         for name in ("first_stage", "total", "eval_first_stage", "eval_total", "second_stage", "fast_action_tokens"):
-            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
-        _check(self.first_stage <= self.total, "first_stage", self.first_stage, f"must be <= total={self.total}")
-        _check(self.eval_first_stage <= self.eval_total, "eval_first_stage", self.eval_first_stage,
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+        check(self.first_stage <= self.total, "first_stage", self.first_stage, f"must be <= total={self.total}")
+        check(self.eval_first_stage <= self.eval_total, "eval_first_stage", self.eval_first_stage,
                f"must be <= eval_total={self.eval_total}")
 
 
@@ -351,11 +319,11 @@ class RolloutConfig:
     budget: ThinkingBudgetConfig = dataclasses.field(default_factory=ThinkingBudgetConfig)
 
     def __post_init__(self) -> None:
-        _check(self.batch_tasks >= 1, "batch_tasks", self.batch_tasks, "must be >= 1")
-        _check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0: greedy)")
-        _check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-        _check(self.max_prompt_tokens >= 1, "max_prompt_tokens", self.max_prompt_tokens, "must be >= 1")
-        _check(self.env_timeout_s > 0, "env_timeout_s", self.env_timeout_s, "must be > 0")
+        check(self.batch_tasks >= 1, "batch_tasks", self.batch_tasks, "must be >= 1")
+        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0: greedy)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        check(self.max_prompt_tokens >= 1, "max_prompt_tokens", self.max_prompt_tokens, "must be >= 1")
+        check(self.env_timeout_s > 0, "env_timeout_s", self.env_timeout_s, "must be > 0")
 
     @property
     def uses_references(self) -> bool:
@@ -376,8 +344,8 @@ class TCODConfig:
     """F2B's T_max (0: the benchmark's turn limit)."""
 
     def __post_init__(self) -> None:
-        _check(self.eta is None or self.eta >= 1, "eta", self.eta, "must be >= 1 (or null: the paper's value)")
-        _check(self.max_turns >= 0, "max_turns", self.max_turns, "must be >= 0 (0: the benchmark's turn limit)")
+        check(self.eta is None or self.eta >= 1, "eta", self.eta, "must be >= 1 (or null: the paper's value)")
+        check(self.max_turns >= 0, "max_turns", self.max_turns, "must be >= 0 (0: the benchmark's turn limit)")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -405,12 +373,12 @@ class UOPDConfig:
     """GPU only: the teacher engine's share of GPU memory (it lives beside the student's engine)."""
 
     def __post_init__(self) -> None:
-        _check(all(0.0 <= r <= 1.0 for r in self.rate), "rate", self.rate, "must be two rates in [0, 1]")
-        _check(self.buffer_size >= 1, "buffer_size", self.buffer_size, "must be >= 1")
-        _check(1 <= self.min_scores <= self.buffer_size, "min_scores", self.min_scores,
+        check(all(0.0 <= r <= 1.0 for r in self.rate), "rate", self.rate, "must be two rates in [0, 1]")
+        check(self.buffer_size >= 1, "buffer_size", self.buffer_size, "must be >= 1")
+        check(1 <= self.min_scores <= self.buffer_size, "min_scores", self.min_scores,
                f"must be in [1, buffer_size={self.buffer_size}]")
-        _check(self.sft_weight >= 0.0, "sft_weight", self.sft_weight, "must be >= 0")
-        _check(0.0 < self.teacher_gpu_memory_utilization < 1.0, "teacher_gpu_memory_utilization",
+        check(self.sft_weight >= 0.0, "sft_weight", self.sft_weight, "must be >= 0")
+        check(0.0 < self.teacher_gpu_memory_utilization < 1.0, "teacher_gpu_memory_utilization",
                self.teacher_gpu_memory_utilization, "must be in (0, 1)")
 
 
@@ -431,12 +399,12 @@ class OptimConfig:
     """Cosine: the final learning rate as a fraction of ``lr``."""
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0, "lr", self.lr, "must be > 0")
-        _check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "must be in [0, 1)")
-        _check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
-        _check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0")
-        _check(self.warmup_updates >= 0, "warmup_updates", self.warmup_updates, "must be >= 0")
-        _check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        check(self.lr > 0, "lr", self.lr, "must be > 0")
+        check(all(0 <= b < 1 for b in self.betas), "betas", self.betas, "must be in [0, 1)")
+        check(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        check(self.grad_clip >= 0, "grad_clip", self.grad_clip, "must be >= 0")
+        check(self.warmup_updates >= 0, "warmup_updates", self.warmup_updates, "must be >= 0")
+        check(0 <= self.min_lr_ratio <= 1, "min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -451,9 +419,9 @@ class LossConfig:
     """epsilon of the seq-mean-token-mean normalization (Eq. 32)."""
 
     def __post_init__(self) -> None:
-        _check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")
-        _check(self.dual_clip > 1, "dual_clip", self.dual_clip, "must be > 1")
-        _check(self.eps > 0, "eps", self.eps, "must be > 0")
+        check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")
+        check(self.dual_clip > 1, "dual_clip", self.dual_clip, "must be > 1")
+        check(self.eps > 0, "eps", self.eps, "must be > 0")
 
 
 EVAL_TEMPERATURE = 0.6
@@ -484,12 +452,12 @@ class EvaluationConfig:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        _check(self.every >= 0, "every", self.every, "must be >= 0")
-        _check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0: greedy)")
-        _check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-        _check(self.tasks >= 0, "tasks", self.tasks, "must be >= 0")
-        _check(self.max_in_flight >= 1, "max_in_flight", self.max_in_flight, "must be >= 1")
-        _check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds) and min(self.seeds) >= 0, "seeds",
+        check(self.every >= 0, "every", self.every, "must be >= 0")
+        check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0: greedy)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        check(self.tasks >= 0, "tasks", self.tasks, "must be >= 0")
+        check(self.max_in_flight >= 1, "max_in_flight", self.max_in_flight, "must be >= 1")
+        check(bool(self.seeds) and len(set(self.seeds)) == len(self.seeds) and min(self.seeds) >= 0, "seeds",
                self.seeds, "need distinct seeds >= 0")
 
     def sampling(self, rollout: RolloutConfig) -> RolloutConfig:
@@ -518,13 +486,13 @@ class SFTConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        _check(self.epochs > 0, "epochs", self.epochs, "must be > 0")
-        _check(self.lr > 0, "lr", self.lr, "must be > 0")
-        _check(self.batch_tokens >= 1, "batch_tokens", self.batch_tokens, "must be >= 1")
-        _check(self.micro_batch_tokens >= 1, "micro_batch_tokens", self.micro_batch_tokens, "must be >= 1")
-        _check(bool(self.modes) and len(set(self.modes)) == len(self.modes), "modes", self.modes,
+        check(self.epochs > 0, "epochs", self.epochs, "must be > 0")
+        check(self.lr > 0, "lr", self.lr, "must be > 0")
+        check(self.batch_tokens >= 1, "batch_tokens", self.batch_tokens, "must be >= 1")
+        check(self.micro_batch_tokens >= 1, "micro_batch_tokens", self.micro_batch_tokens, "must be >= 1")
+        check(bool(self.modes) and len(set(self.modes)) == len(self.modes), "modes", self.modes,
                f"need distinct modes among {list(SFT_MODES)}")
-        _check(self.tasks >= 0, "tasks", self.tasks, "must be >= 0")
+        check(self.tasks >= 0, "tasks", self.tasks, "must be >= 0")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -546,7 +514,7 @@ class BuildModelsConfig:
     student_sft: SFTConfig
 
     def __post_init__(self) -> None:
-        _check(self.tokenizer_vocab_size >= 300, "tokenizer_vocab_size", self.tokenizer_vocab_size, "must be >= 300")
+        check(self.tokenizer_vocab_size >= 300, "tokenizer_vocab_size", self.tokenizer_vocab_size, "must be >= 300")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -562,9 +530,9 @@ class PrepareConfig:
     build_models: BuildModelsConfig | None = None
 
     def __post_init__(self) -> None:
-        _check(self.teacher_rollouts >= 0, "teacher_rollouts", self.teacher_rollouts, "must be >= 0")
+        check(self.teacher_rollouts >= 0, "teacher_rollouts", self.teacher_rollouts, "must be >= 0")
         for i, f in enumerate(self.candidate_files):
-            if _CHECK_PATHS.get():
+            if paths_checked():
                 check_exists(f, f"candidate_files[{i}]", "file")
 
 
@@ -586,8 +554,8 @@ class ParallelConfig:
     (``actfirst.parallel.watchdog``)."""
 
     def __post_init__(self) -> None:
-        _check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")
-        _check(self.peer_timeout_s >= 5, "peer_timeout_s", self.peer_timeout_s, "must be >= 5")
+        check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")
+        check(self.peer_timeout_s >= 5, "peer_timeout_s", self.peer_timeout_s, "must be >= 5")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -646,53 +614,53 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         for name in ("alfworld", "scienceworld", "webshop", "search"):
-            _check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
+            check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
                    f"set, but benchmark={self.benchmark!r}")
         env_class = typing.get_args(typing.get_type_hints(TrainConfig)[self.benchmark])[0]
-        _check(self.rollout.strategy not in B1_OR_REFERENCE_STRATEGIES or env_class.fast_actions, "rollout.strategy",
+        check(self.rollout.strategy not in B1_OR_REFERENCE_STRATEGIES or env_class.fast_actions, "rollout.strategy",
                self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) or reference "
                f"trajectories, which benchmark {self.benchmark!r} does not have; use vanilla, f2b or uopd")
-        _check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
-        _check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
-        _check(self.references is None or bool(self.references.strip()), "references", self.references,
+        check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
+        check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
+        check(self.references is None or bool(self.references.strip()), "references", self.references,
                "must name a reference cache file (or be null)")
-        _check(not (self.student.sleep_level and self.overlap), "student.sleep_level", self.student.sleep_level,
+        check(not (self.student.sleep_level and self.overlap), "student.sleep_level", self.student.sleep_level,
                "needs overlap: false (a sleeping engine cannot serve rollouts during the update)")
-        _check(self.rollout.temperature > 0, "rollout.temperature", self.rollout.temperature,
+        check(self.rollout.temperature > 0, "rollout.temperature", self.rollout.temperature,
                "must be > 0 in training (log pi_old needs a sampled policy; greedy is for evaluation)")
         if self.rollout.strategy == "uopd":
-            _check(self.parallel.teacher == "replicate", "parallel.teacher", self.parallel.teacher,
+            check(self.parallel.teacher == "replicate", "parallel.teacher", self.parallel.teacher,
                    "must be 'replicate' with rollout.strategy='uopd' (each rank's rollouts score proposals with the "
                    "teacher on their own, outside any collective)")
-            _check(self.uopd.teacher_gpu_memory_utilization + self.student.gpu_memory_utilization < 1.0,
+            check(self.uopd.teacher_gpu_memory_utilization + self.student.gpu_memory_utilization < 1.0,
                    "uopd.teacher_gpu_memory_utilization", self.uopd.teacher_gpu_memory_utilization,
                    f"+ student.gpu_memory_utilization={self.student.gpu_memory_utilization} must be < 1")
         if self.rollout.uses_references:
-            _check(self.references is not None, "references", self.references,
+            check(self.references is not None, "references", self.references,
                    f"rollout.strategy={self.rollout.strategy!r} needs a reference cache")
-        if _CHECK_PATHS.get():
+        if paths_checked():
             check_paths(self)
         for name in ("num_updates", "batch_samples", "num_minibatches", "micro_batch_tokens", "probe_every",
                      "checkpoint_every", "keep_checkpoints"):
-            _check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
+            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         for name in ("train_tasks", "probe_contexts"):
-            _check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
-        _check(self.batch_samples % self.num_minibatches == 0, "num_minibatches", self.num_minibatches,
+            check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
+        check(self.batch_samples % self.num_minibatches == 0, "num_minibatches", self.num_minibatches,
                f"must divide batch_samples={self.batch_samples}")
-        _check(self.scheduler.b_max <= self.student.max_num_seqs, "scheduler.b_max", self.scheduler.b_max,
+        check(self.scheduler.b_max <= self.student.max_num_seqs, "scheduler.b_max", self.scheduler.b_max,
                f"must not exceed student.max_num_seqs={self.student.max_num_seqs}")
         need = self.rollout.max_prompt_tokens + max(self.rollout.budget.total, self.rollout.budget.fast_action_tokens)
-        _check(need <= self.student.max_model_len, "rollout.max_prompt_tokens", self.rollout.max_prompt_tokens,
+        check(need <= self.student.max_model_len, "rollout.max_prompt_tokens", self.rollout.max_prompt_tokens,
                f"+ the longest response ({need - self.rollout.max_prompt_tokens} tokens) exceeds student.max_model_len="
                f"{self.student.max_model_len}")
         # log pi_theta in the update applies the temperature only; vLLM's processed log-probs would include a top-p
         # renormalization, and the ratio of Eq. 30 would compare two different distributions.
-        _check(self.rollout.top_p == 1.0, "rollout.top_p", self.rollout.top_p, "must be 1.0 for training")
-        _check(self.micro_batch_tokens >= need, "micro_batch_tokens", self.micro_batch_tokens,
+        check(self.rollout.top_p == 1.0, "rollout.top_p", self.rollout.top_p, "must be 1.0 for training")
+        check(self.micro_batch_tokens >= need, "micro_batch_tokens", self.micro_batch_tokens,
                f"must hold one sample (max_prompt_tokens + budget.total = {need})")
         if self.evaluation is not None:
             need = self.rollout.max_prompt_tokens + self.rollout.budget.eval_total
-            _check(need <= self.student.max_model_len, "student.max_model_len", self.student.max_model_len,
+            check(need <= self.student.max_model_len, "student.max_model_len", self.student.max_model_len,
                    f"must hold an evaluation request (rollout.max_prompt_tokens + rollout.budget.eval_total = {need})")
 
     @property
@@ -712,157 +680,6 @@ def check_paths(cfg: TrainConfig, *, references: bool = True) -> None:
     check_exists(cfg.teacher, "teacher")
     if references and cfg.references is not None:
         check_exists(cfg.references, "references", "file")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Loading
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp`` and convert YAML lists to tuples where declared."""
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        _check(isinstance(value, dict), key, value, f"must be a mapping for {tp.__name__}")
-        return _build(tp, value, key)
-    if origin is Literal:
-        _check(any(value == a and type(value) is type(a) for a in typing.get_args(tp)), key, value,
-               f"must be one of {list(typing.get_args(tp))}")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}={value!r}: wrong type")
-    if origin in (list, tuple):
-        _check(isinstance(value, (list, tuple)), key, value, f"must be a list, not {type(value).__name__}")
-        args = typing.get_args(tp)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            _check(len(value) == len(args), key, value, f"must have {len(args)} items")
-            return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-        item = args[0] if args else Any
-        items = [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if tp is Any:
-        return value
-    if tp is float:
-        if isinstance(value, str):  # YAML 1.1 reads "2e-3" (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
-        _check(isinstance(value, (int, float)) and not isinstance(value, bool), key, value, "must be a number")
-        _check(math.isfinite(value), key, value, "must be a finite number")
-        return float(value)
-    if tp is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), key, value, "must be an integer")
-        return value
-    if tp is bool:
-        _check(isinstance(value, bool), key, value, "must be true or false")
-        return value
-    if tp is str:
-        _check(isinstance(value, str), key, value, "must be a string")
-        return value
-    raise TypeError(f"unsupported config annotation {tp!r} at {key}")
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
-    for name in data:
-        if name not in fields:
-            key = f"{prefix}.{name}" if prefix else name
-            raise ConfigError(f"{key}={data[name]!r}: unknown key (known: {', '.join(sorted(fields))})")
-    kwargs = {}
-    for name, value in data.items():
-        key = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(hints[name], value, key)
-    try:
-        return cls(**kwargs)
-    except ConfigError as e:
-        raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
-    except TypeError as e:  # a required field is missing
-        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (values parsed as YAML) to a nested dict, in place."""
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r}: expected key=value, e.g. scheduler.b_max=64")
-        key, raw = item.split("=", 1)
-        node = data
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part} is not a section")
-        node[parts[-1]] = parse_yaml(raw, f"override {item!r}")
-    return data
-
-
-def load_config(cls: type, path: str | os.PathLike | None, overrides: list[str] | None = None, *,
-                key: str = "--config") -> Any:
-    """Load ``cls`` from a YAML file (or from nothing) plus dotted overrides, validating everything (input paths
-    too, except inside :func:`paths_unchecked`). ``key``: what errors about the file call it."""
-    data = read_config_file(path, key) if path is not None else {}
-    apply_overrides(data, list(overrides or []))
-    return _build(cls, data, "")
-
-
-def read_config_file(path: str | os.PathLike, key: str = "--config", seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    """A YAML config as a dict. A top-level ``base: <file>`` (relative to this file) is read first and this file's
-    keys are merged into it: sections key by key, any other value replacing the base's."""
-    data = parse_yaml(read_text(path, key), f"{key}={str(path)!r}") or {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{key}={str(path)!r}: the top level must be a mapping, not {type(data).__name__}")
-    base = data.pop("base", None)
-    if base is None:
-        return data
-    here = Path(path).resolve()
-    if not isinstance(base, str) or not base.strip():
-        raise ConfigError(f"base={base!r} (in {str(path)!r}): must name a YAML file")
-    base_path = here.parent / base
-    if base_path.resolve() in (*seen, here):
-        raise ConfigError(f"base={base!r} (in {str(path)!r}): a circle of base files")
-    return merge_sections(read_config_file(base_path, f"base (in {str(path)!r})", (*seen, here)), data)
-
-
-def merge_sections(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` merged into a copy of ``base``: mappings merged key by key, other values replaced."""
-    out = dict(base)
-    for key, value in over.items():
-        both = isinstance(value, dict) and isinstance(out.get(key), dict)
-        out[key] = merge_sections(out[key], value) if both else value
-    return out
-
-
-def parse_yaml(text: str, what: str) -> Any:
-    """``text`` as YAML; malformed YAML is refused naming ``what`` and where the parser stopped."""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e)
-        raise ConfigError(f"{what}: not valid YAML{where}: {problem}") from None
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    """A plain dict of a config (for logging and result files)."""
-    return dataclasses.asdict(cfg)
-
-
-def config_json(cfg: Any) -> str:
-    """A config as its run's ``config.json`` holds it (:func:`check_resumable` compares configs in this form)."""
-    return json.dumps(to_dict(cfg), indent=1, default=str)
 
 
 RESUMABLE_CHANGES = ("out_dir", "num_updates", "checkpoint_every", "keep_checkpoints", "probe_every", "evaluation",

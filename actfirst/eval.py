@@ -33,9 +33,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig, load_config
+from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.eval_report import EpisodeRecord, EvalReport, response_hash
+from actfirst.schema import load_config
 from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
 
 EVAL_SEEDS = (42, 43, 44)

@@ -30,21 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actfirst.config import (
-    DEMO_CONFIG,
-    BuildModelsConfig,
-    ConfigError,
-    EngineConfig,
-    SFTConfig,
-    TrainConfig,
-    load_config,
-    paths_unchecked,
-)
+from actfirst.config import DEMO_CONFIG, BuildModelsConfig, ConfigError, EngineConfig, SFTConfig, TrainConfig
 from actfirst.envs.benchmarks import Benchmark, get_benchmark
 from actfirst.eval_report import TEACHER_EVAL
 from actfirst.files import write_atomically
 from actfirst.models.tokenizers import check_tokenizers_match
 from actfirst.references import load_references, read_candidates
+from actfirst.schema import load_config, paths_unchecked
 from actfirst.user_input import check_model_dir, check_writable_dir, command
 
 SFT_RECORD = "actfirst_sft.json"

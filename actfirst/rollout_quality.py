@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from actfirst.config import ConfigError, RolloutConfig, TrainConfig, load_config, paths_unchecked
+from actfirst.config import ConfigError, RolloutConfig, TrainConfig
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from actfirst.eval import MAX_TASKS, emit_report, episode_seed, pick_tasks, play_jobs, seed_stride, served
@@ -50,6 +50,7 @@ from actfirst.quality_report import (
     TraceTurn,
     unproductive_repetitions,
 )
+from actfirst.schema import load_config, paths_unchecked
 from actfirst.user_input import check_exists, check_model_dir, check_writable_file, command, positive_int
 
 if TYPE_CHECKING:

@@ -34,17 +34,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch and vLLM start the
 from rollout_model import estimates  # noqa: E402
 from speedup_contexts import alfworld_contexts  # noqa: E402
 
-from actfirst.config import (  # noqa: E402
-    ModelConfig,
-    RolloutSpeedupConfig,
-    SchedulerConfig,
-    load_config,
-    paths_unchecked,
-    to_dict,
-)
+from actfirst.config import ModelConfig, RolloutSpeedupConfig, SchedulerConfig  # noqa: E402
 from actfirst.engine.core import ActFirstEngine, summarize_records  # noqa: E402
 from actfirst.engine.request import RequestKind, SamplingSpec  # noqa: E402
 from actfirst.models.factory import build_model, environment_corpus  # noqa: E402
+from actfirst.schema import load_config, paths_unchecked, to_dict  # noqa: E402
 from actfirst.user_input import check_model_dir, check_writable_dir, command  # noqa: E402
 
 FAST, FULL = RequestKind.FAST_ACTION, RequestKind.FULL_RESPONSE

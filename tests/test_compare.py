@@ -29,8 +29,9 @@ from actfirst.compare import (
     time_to_common_sr,
     write_comparison,
 )
-from actfirst.config import STRATEGIES, config_json
+from actfirst.config import STRATEGIES
 from actfirst.eval_report import EpisodeRecord, EvalReport, wilson_interval
+from actfirst.schema import config_json
 from actfirst.train.plots import DPI, WALL_CLOCK
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

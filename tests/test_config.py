@@ -6,16 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.config import (
-    ConfigError,
-    RolloutSpeedupConfig,
-    SchedulerConfig,
-    TrainConfig,
-    check_resumable,
-    config_json,
-    load_config,
-    paths_unchecked,
-)
+from actfirst.config import ConfigError, RolloutSpeedupConfig, SchedulerConfig, TrainConfig, check_resumable
+from actfirst.schema import config_json, load_config, paths_unchecked
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 

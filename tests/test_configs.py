@@ -18,8 +18,8 @@ from actfirst.config import (
     SearchConfig,
     TrainConfig,
     WebShopConfig,
-    load_config,
 )
+from actfirst.schema import load_config
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TRAIN = sorted(p for p in (CONFIGS / "train").rglob("qwen3-*.yaml"))

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, SearchConfig, WebShopConfig, load_config
+from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, SearchConfig, WebShopConfig
 from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
 from actfirst.envs.checks import (
     SEARCH_MISMATCH_ALLOWED,
@@ -34,6 +34,7 @@ from actfirst.envs.checks import (
 )
 from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
 from actfirst.envs.search_text import SEARCH_RESPONSES
+from actfirst.schema import load_config
 
 if TYPE_CHECKING:
     from actfirst.envs.workers import EnvWorker

@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from actfirst.config import ModelConfig, load_config
+from actfirst.config import ModelConfig
 from actfirst.models.tokenizers import QWEN3_PADDED_VOCAB, build_qwen3_tokenizer, train_env_bpe_tokenizer
+from actfirst.schema import load_config
 from actfirst.user_input import check_writable_dir, command
 
 

@@ -50,7 +50,7 @@ from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from actfirst.config import ConfigError, TrainConfig, check_resumable, config_json, to_dict
+from actfirst.config import ConfigError, TrainConfig, check_resumable
 from actfirst.engine.core import ActFirstEngine, RequestRecord, summarize_records
 from actfirst.engine.request import RequestKind, SamplingSpec
 from actfirst.envs.benchmarks import get_benchmark
@@ -74,6 +74,7 @@ from actfirst.references import load_references
 from actfirst.rollout.intervention import Intervention, InterventionRecord, intervention_metrics
 from actfirst.rollout.runner import RolloutBatch, RolloutRunner
 from actfirst.rollout.strategies import Guidance, make_strategy
+from actfirst.schema import config_json, to_dict
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics
 from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, SessionClock, account, launch_info

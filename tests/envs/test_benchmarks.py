@@ -8,13 +8,14 @@ import shutil
 
 import pytest
 
-from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, WebShopConfig, load_config
+from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, WebShopConfig
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import BENCHMARKS, EnvSpec, config_path, get_benchmark, load_benchmark, select_tasks
 from actfirst.envs.checks import SEARCH_MISMATCH_ALLOWED, CheckResult
 from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
 from actfirst.envs.workers import EnvPool
 from actfirst.references import build_references
+from actfirst.schema import load_config
 
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
 

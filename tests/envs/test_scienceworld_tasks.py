@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.config import ConfigError, ScienceWorldConfig, load_config
+from actfirst.config import ConfigError, ScienceWorldConfig
 from actfirst.envs.scienceworld_tasks import TASK_TYPES, scienceworld_splits
+from actfirst.schema import load_config
 
 CONFIG = Path(__file__).parents[2] / "configs" / "envs" / "scienceworld.yaml"
 

@@ -182,7 +182,7 @@ def test_malformed_corpus_refused_by_the_server_command(tmp_path):
 def test_fast_action_strategies_refused_up_front(tmp_path):
     (tmp_path / "m").mkdir()
     base = Path(__file__).parents[2] / "configs" / "train" / "search" / "opd-qwen2.5-1.5b.yaml"
-    from actfirst.config import load_config
+    from actfirst.schema import load_config
 
     paths = [f"student.model={tmp_path / 'm'}", f"teacher={tmp_path / 'm'}"]
     cfg = load_config(TrainConfig, base, paths)
