@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import reprlib
-import typing
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from actfirst.schema import check, check_dir, paths_checked, to_dict
+from actfirst.envs.alfworld.config import ALFWorldConfig
+from actfirst.envs.benchmarks import BENCHMARKS
+from actfirst.schema import check, check_dir, paths_checked, to_dict, type_from
 from actfirst.user_input import ConfigError, check_exists
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo" / "scienceworld_lifespan.yaml"
@@ -101,118 +102,9 @@ class SchedulerConfig:
         check(self.reserved_fast_slots >= 0, "reserved_fast_slots", self.reserved_fast_slots, "must be >= 0")
 
 
-@dataclasses.dataclass(kw_only=True, slots=True)
-class ScienceWorldConfig:
-    """ScienceWorld as Appendix C.1 sets it up (easy preset, 30-turn limit in training)."""
-
-    train_task_types: list[str]
-    """The 17 trained task types (the paper does not name them; see configs/envs/scienceworld.yaml)."""
-    simplification: str = "easy"
-    """The simulator's simplifications, comma-separated ("easy": all of them, as the paper uses; "": none)."""
-    max_turns: int = 30
-    eval_task_types: list[str] | None = None
-    """The evaluated task types (None: all 30, as C.1 evaluates)."""
-    eval_variations: int = 5
-    """Evaluation instances per type: its last N variations (C.1: 5)."""
-    EVALUATION_ONLY: ClassVar[tuple[str, ...]] = ("eval_task_types", "eval_variations")
-    """Keys that do not shape a training task's transitions (a reference cache does not depend on them)."""
-    fast_actions: ClassVar[bool] = True
-    """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
-
-    def __post_init__(self) -> None:
-        from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
-
-        unknown = [s for s in self.simplification.split(",") if s and s not in SIMPLIFICATIONS]
-        check(not unknown, "simplification", self.simplification, f"{unknown} not among {list(SIMPLIFICATIONS)}")
-        unknown = [t for t in self.train_task_types if t not in TASK_TYPES]
-        check(not unknown, "train_task_types", unknown, "not ScienceWorld task types")
-        check(len(set(self.train_task_types)) == len(self.train_task_types), "train_task_types",
-               self.train_task_types, "has duplicates")
-        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
-        unknown = [t for t in self.eval_task_types or () if t not in TASK_TYPES]
-        check(not unknown and self.eval_task_types != [], "eval_task_types", self.eval_task_types,
-               "must be ScienceWorld task types (or null: all 30)")
-        check(self.eval_variations >= 1, "eval_variations", self.eval_variations, "must be >= 1")
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class ALFWorldConfig:
-    """ALFWorld as Appendix C.1 sets it up: $ALFWORLD_DATA's json_2.1.1 splits when set, else generated games."""
-
-    max_turns: int = 30
-    generated_dir: str = "runs/alfworld_games"
-    """Where generated games go when $ALFWORLD_DATA is not set."""
-    games_per_type: int = 10
-    """Generated games per task type and split."""
-    seed: int = 0
-    fast_actions: ClassVar[bool] = True
-    """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
-
-    def __post_init__(self) -> None:
-        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
-        check(self.games_per_type >= 1, "games_per_type", self.games_per_type, "must be >= 1")
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class WebShopConfig:
-    """WebShop as Appendix C.1 sets it up (goals 0-4095 train, 4096-4195 evaluation; 15-turn limit)."""
-
-    max_turns: int = 15
-    product_file: str = "items_shuffle.json"
-    """WebShop's product catalog: a file in WebShop's ``data`` folder, or a path. C.1 uses "the full product
-    catalog": ``items_shuffle.json`` (about 1.18M products; ``./setup.sh -d all``). WebShop's own default,
-    ``items_shuffle_1000.json``, is its 1,000-product preview. WebShop's search index must be built from the same
-    file."""
-    attribute_file: str = "items_ins_v2.json"
-    """The product attributes that go with ``product_file`` (``items_ins_v2_1000.json`` with the preview); WebShop's
-    reward matches the goal's attributes against them."""
-    num_products: int | None = None
-    """Use only the first N products of ``product_file`` (None: all of them, as C.1 does). WebShop has search
-    indexes for 100, 1000 and 100000 only."""
-    fast_actions: ClassVar[bool] = True
-    """B.1's next-action-prediction and inverse-dynamics prompts and reference trajectories exist."""
-
-    def __post_init__(self) -> None:
-        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
-        for key in ("product_file", "attribute_file"):
-            check(bool(getattr(self, key).strip()), key, getattr(self, key), "must name a file")
-        check(self.num_products in (None, 100, 1000, 100000), "num_products", self.num_products,
-               "must be null (all of product_file) or one of WebShop's index sizes 100, 1000, 100000")
-
-
 B1_OR_REFERENCE_STRATEGIES = ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "b2f")
 """Strategies that need B.1's next-action-prediction or inverse-dynamics prompts, or reference trajectories: only
-benchmarks whose env config has ``fast_actions`` run them."""
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class SearchConfig:
-    """Search (UOPD, Appendix D.1): Search-R1's questions, its retrieval server, top-3 passages, 8-turn limit."""
-
-    retrieval_url: str = "http://127.0.0.1:8000/retrieve"
-    """A server of Search-R1's retrieval protocol (``POST /retrieve``): Search-R1's e5 + FAISS server over its 2018
-    Wikipedia for the paper's setting, or ``python -m actfirst.envs.search_server`` on a small corpus."""
-    topk: int = 3
-    """Passages per search (D.1: 3)."""
-    max_turns: int = 8
-    """Model outputs per episode (D.1: 8); evaluation adds one forced-answer turn after it (D.5)."""
-    train_file: str = "data/search/train.jsonl"
-    """Training questions, JSONL of ``{"question", "golden_answers", "data_source"}`` (D.1: NQ + HotpotQA train)."""
-    test_files: list[str] = dataclasses.field(default_factory=lambda: ["data/search/test.jsonl"])
-    """Evaluation questions, same format; each question's ``data_source`` is its task type (per-dataset EM)."""
-    timeout_s: float = 60.0
-    """A retrieval request without an answer for this long fails the episode."""
-    fast_actions: ClassVar[bool] = False
-    """Search has no B.1 next-action-prediction or inverse-dynamics prompts and no reference trajectories."""
-
-    def __post_init__(self) -> None:
-        check(self.retrieval_url.startswith(("http://", "https://")), "retrieval_url", self.retrieval_url,
-               "must be an http(s) URL of a retrieval server (POST /retrieve)")
-        check(self.topk >= 1, "topk", self.topk, "must be >= 1")
-        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
-        check(bool(self.train_file.strip()), "train_file", self.train_file, "must name a JSONL file")
-        check(bool(self.test_files), "test_files", self.test_files, "must name at least one JSONL file")
-        check(self.timeout_s > 0, "timeout_s", self.timeout_s, "must be > 0")
+benchmarks with ``Benchmark.fast_actions`` run them."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -558,16 +450,22 @@ class ParallelConfig:
         check(self.peer_timeout_s >= 5, "peer_timeout_s", self.peer_timeout_s, "must be >= 5")
 
 
+def _env_section_type(values: dict[str, Any]) -> Any:
+    """The type of a training config's ``env:``, from its ``benchmark`` (None for none or an unknown one: the
+    config's own check names it)."""
+    name = values.get("benchmark")
+    return BENCHMARKS[name].config_class | None if name in BENCHMARKS else None
+
+
 @dataclasses.dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """One OPD training run: benchmark, student engine, teacher, rollouts, update (Sec. 5.1, Appendix B-C)."""
 
-    benchmark: Literal["alfworld", "scienceworld", "webshop", "search"]
-    alfworld: ALFWorldConfig | None = None
-    scienceworld: ScienceWorldConfig | None = None
-    webshop: WebShopConfig | None = None
-    search: SearchConfig | None = None
-    """The benchmark's environment section (only the one ``benchmark`` names; absent: configs/envs/<name>.yaml)."""
+    benchmark: str
+    """A registered benchmark's name (``actfirst.envs.benchmarks.BENCHMARKS``)."""
+    env: Any = dataclasses.field(default=None, metadata=type_from(_env_section_type))
+    """The benchmark's environment section, of its ``Benchmark.config_class`` (absent or null: its default file,
+    configs/envs/<benchmark>.yaml)."""
     student: EngineConfig
     """The student: its Hugging Face directory and the in-process vLLM engine serving it."""
     teacher: str
@@ -613,11 +511,12 @@ class TrainConfig:
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:
-        for name in ("alfworld", "scienceworld", "webshop", "search"):
-            check(name == self.benchmark or getattr(self, name) is None, name, getattr(self, name),
-                   f"set, but benchmark={self.benchmark!r}")
-        env_class = typing.get_args(typing.get_type_hints(TrainConfig)[self.benchmark])[0]
-        check(self.rollout.strategy not in B1_OR_REFERENCE_STRATEGIES or env_class.fast_actions, "rollout.strategy",
+        check(self.benchmark in BENCHMARKS, "benchmark", self.benchmark, f"must be one of {sorted(BENCHMARKS)}")
+        env_class = BENCHMARKS[self.benchmark].config_class
+        check(self.env is None or isinstance(self.env, env_class), "env", self.env,
+               f"must be a {env_class.__name__} (the config of benchmark={self.benchmark!r})")
+        check(self.rollout.strategy not in B1_OR_REFERENCE_STRATEGIES or BENCHMARKS[self.benchmark].fast_actions,
+               "rollout.strategy",
                self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) or reference "
                f"trajectories, which benchmark {self.benchmark!r} does not have; use vanilla, f2b or uopd")
         check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
@@ -663,10 +562,10 @@ class TrainConfig:
             check(need <= self.student.max_model_len, "student.max_model_len", self.student.max_model_len,
                    f"must hold an evaluation request (rollout.max_prompt_tokens + rollout.budget.eval_total = {need})")
 
-    @property
-    def env_config(self) -> ALFWorldConfig | ScienceWorldConfig | WebShopConfig | SearchConfig | None:
-        """The benchmark's environment section (None: its default file)."""
-        return getattr(self, self.benchmark)
+    @classmethod
+    def moved_key(cls, name: str) -> str | None:
+        """Where a top-level key of configs written before ``env:`` went (a benchmark's own section)."""
+        return f"rename this section to env: (benchmark: {name})" if name in BENCHMARKS else None
 
     def training_tasks(self, benchmark: Any) -> list[Any]:
         """The benchmark's training tasks this run uses (the first ``train_tasks``; all when 0)."""
@@ -697,12 +596,23 @@ def check_resumable(saved: dict[str, Any], current: dict[str, Any], what: str, *
     config does not have (written before it existed) counts as its default."""
     defaults = _plain({f.name: to_dict(f.default_factory()) for f in dataclasses.fields(TrainConfig)
                        if f.default_factory is not dataclasses.MISSING})
-    keys, saved, current = sorted(set(saved) | set(current)), _with_defaults(_plain(saved), defaults), _plain(current)
+    saved = _with_defaults(_plain(_env_section(saved)), defaults)
+    keys, current = sorted(set(saved) | set(current)), _plain(current)
     differ = [d for k in keys if k not in may_change for d in _differences(saved.get(k), current.get(k), k)]
     if differ:
         more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
         raise ConfigError(f"{what}: the config differs from the run's saved config: {'; '.join(differ[:5])}{more} "
                           f"(only {list(may_change)} may change); {remedy}")
+
+
+def _env_section(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config written before ``env:`` (a top-level section per benchmark, null but for its own) in today's
+    layout: its benchmark's section as ``env``."""
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    old = [k for k in saved if k not in fields and k in BENCHMARKS]
+    if not old or "env" in saved:
+        return saved
+    return {**{k: v for k, v in saved.items() if k not in old}, "env": saved.get(saved.get("benchmark"))}
 
 
 def _plain(value: Any) -> Any:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig
-from actfirst.envs.benchmarks import Benchmark
+from actfirst.envs.benchmarks import BENCHMARKS, Benchmark
 from actfirst.eval_report import EpisodeRecord, EvalReport, response_hash
 from actfirst.schema import load_config
 from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
@@ -282,7 +282,7 @@ def serving_configs(model: str, benchmark_name: str, config: str | None, overrid
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m actfirst.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="the student's Hugging Face directory")
-    parser.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop", "search"])
+    parser.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
     parser.add_argument("--split", default="eval", choices=["train", "eval"])
     parser.add_argument("--tasks", type=int, default=0, help="evaluate N tasks, round-robin over task types (0: all)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(EVAL_SEEDS))

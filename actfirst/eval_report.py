@@ -9,7 +9,8 @@ Everything here is pure arithmetic on :class:`EpisodeRecord` rows; :func:`actfir
 - Success-rate interval: a 95% Wilson score interval of the success proportion pooled over every episode of every
   seed. The seeds replay the same tasks, so the pooled episodes are not independent draws of tasks: the interval
   describes sampling noise on this task set, not task-sampling uncertainty.
-- Score is reported only where the benchmark has partial scores (ScienceWorld, WebShop; C.1: not ALFWorld).
+- Score is reported only where the benchmark has partial scores (``Benchmark.partial_score``: ScienceWorld, WebShop;
+  C.1: not ALFWorld).
 - Splits: where the benchmark reports evaluation splits apart (ALFWorld's valid_seen and valid_unseen, C.1), each
   episode carries its split and every summary can be restricted to one; the overall and per-type rows pool them.
 """
@@ -24,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-PARTIAL_SCORE_BENCHMARKS = ("scienceworld", "webshop")
-"""Benchmarks whose Score column is reported (C.1)."""
+from actfirst.envs.benchmarks import BENCHMARKS
+
 WILSON_Z = 1.959963984540054
 """The standard normal 97.5% quantile: a two-sided 95% interval."""
 OVERALL = "overall"
@@ -212,8 +213,8 @@ class EvalReport:
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        """The reported metrics (C.1: Score only for ScienceWorld and WebShop)."""
-        return ("SR", "Score", "Round") if self.benchmark in PARTIAL_SCORE_BENCHMARKS else ("SR", "Round")
+        """The reported metrics (C.1: Score only where the benchmark has partial scores, ScienceWorld and WebShop)."""
+        return ("SR", "Score", "Round") if BENCHMARKS[self.benchmark].partial_score else ("SR", "Round")
 
     @property
     def rows(self) -> list[str]:

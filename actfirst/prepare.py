@@ -55,7 +55,7 @@ def ensure_prepared(cfg: TrainConfig) -> dict[str, float]:
     once built; a ``ConfigError`` names the first that cannot be used."""
     check_inputs(cfg, buildable=True)
     build = cfg.prepare.build_models
-    benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
+    benchmark = get_benchmark(cfg.benchmark, cfg.env)
     timings: dict[str, float] = {}
     if cfg.references is not None and not Path(cfg.references).is_file():
         started = time.perf_counter()
@@ -102,7 +102,7 @@ def check_inputs(cfg: TrainConfig, *, buildable: bool = False) -> None:
         check_tokenizers_match(cfg.student.model, cfg.teacher)
     if cfg.references is not None:
         if Path(cfg.references).is_file():
-            benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
+            benchmark = get_benchmark(cfg.benchmark, cfg.env)
             load_references(cfg.references, benchmark=benchmark,
                             tasks=[benchmark.task_key(t) for t in cfg.training_tasks(benchmark)])
         elif buildable:

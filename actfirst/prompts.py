@@ -1,10 +1,10 @@
 """Prompts (Appendix B.1) and history management (Appendix B.2).
 
 Three generation modes per benchmark: the full response (think-then-act), next-action prediction (NAP, action
-only) and reference-conditioned inverse dynamics (action only, with the reference next observation). The templates
-are the paper's, word for word; the paper's text lost its spaces and line breaks, which are restored here in the
-layout of the GiGPO/verl-agent prompts the paper builds on (one line per sentence group, a blank line before "Now
-it's your turn"). The paper's typographic characters are kept as printed: ’ in "it’s", the en dash in
+only) and reference-conditioned inverse dynamics (action only, with the reference next observation). A benchmark's
+templates (``Benchmark.templates``, in its package's ``prompts``) are the paper's, word for word; the paper's text
+lost its spaces and line breaks, which are restored in the layout of the GiGPO/verl-agent prompts the paper builds
+on (one line per sentence group, a blank line before "Now it's your turn"). The paper's typographic characters are kept as printed: ’ in "it’s", the en dash in
 "–[MISSING CURRENT ACTION]–>", the ellipsis in "search[…]".
 
 History (B.2): the stored history is the executed observation–action pairs, never reasoning or unexecuted actions.
@@ -35,103 +35,20 @@ class Mode(enum.Enum):
     INVERSE_DYNAMICS = "inverse_dynamics"
 
 
-# -- ALFWorld ------------------------------------------------------------------------------------------------------
+# -- Blocks the benchmarks' templates share ---------------------------------------------------------------------
 
-_ALF_HEAD = ("You are an expert agent operating in the ALFRED Embodied Environment. "
-             "Your task is to: {task_description}\n")
-_ALF_HISTORY = ("Prior to this step, you have already taken {step_count} step(s). Below are the most recent "
-                "{history_length} observations and the corresponding actions you took: {action_history}\n"
-                "You are now at step {current_step} and your current observation is: {current_observation}\n")
-_ALF_NO_HISTORY = "Your current observation is: {current_observation}\n"
-_ALF_ADMISSIBLE = "Your admissible actions of the current situation are: [{admissible_actions}].\n"
-_ALF_FULL = ("\nNow it’s your turn to take an action.\n"
-             "You should first reason step-by-step about the current situation. This reasoning process MUST be "
-             "enclosed within <think> </think> tags.\n"
-             "Once you’ve finished your reasoning, you should choose an admissible action for current step and "
-             "present it within <action> </action> tags.")
-_ALF_NAP = ("\nNow it’s your turn to take an action.\n"
-            "You should choose an admissible action for current step and present it within <action> </action> tags.")
-_REFERENCE = ("Complete the missing current action in this reference transition:\n"
-              "Current observation –[MISSING CURRENT ACTION]–> reference next observation.\n"
-              "The reference next observation is the environment state immediately after the missing current action. "
-              "It may be a terminal {terminal}.\n"
-              "Reference next observation:\n{{reference_next_observation}}\n")
-_ALF_ID = (_REFERENCE.format(terminal="state")
-           + "The reference next observation is the direct result of exactly one action. Do not insert an "
-             "intermediate or preparatory action.\n" + _ALF_ADMISSIBLE
-           + "\nNow it’s your turn to take one action for the current step. Predict the MISSING CURRENT ACTION that "
-             "leads to the reference next observation.\n"
-             "You should choose one admissible action and present it within <action> </action> tags.")
-
-# -- WebShop -------------------------------------------------------------------------------------------------------
-
-_WS_HEAD = ("You are an expert autonomous agent operating in the WebShop e-commerce environment.\n"
-            "Your task is to: {task_description}.\n")
-_WS_FULL_HISTORY = ("Prior to this step, you have already taken {step_count} step(s). Below are the most recent "
-                    "{history_length} observations and the corresponding actions you took: {action_history}\n"
-                    "You are now at step {current_step} and your current observation is: {current_observation}.\n")
-_WS_HISTORY = ("Prior to this step, you have already taken {step_count} step(s). Below are the recent "
-               "{history_length} observations and the corresponding actions you took:\n{action_history}\n"
-               "You are now at step {current_step} and your current observation is:\n{current_observation}\n")
-_WS_FULL_NO_HISTORY = "Your current observation is: {current_observation}.\n"
-_WS_NO_HISTORY = "Your current observation is:\n{current_observation}\n"
-_WS_ADMISSIBLE = "Your admissible actions of the current situation are:\n[\n{available_actions}\n].\n"
-_WS_FULL = ("\nNow it’s your turn to take one action for the current step.\n"
-            "You should first reason step-by-step about the current situation, then think carefully which admissible "
-            "action best advances the shopping goal. This reasoning process MUST be enclosed within <think> </think> "
-            "tags.\n"
-            "Once you’ve finished your reasoning, you should choose an admissible action for current step and present "
-            "it within <action> </action> tags.")
-_WS_NAP = ("\nNow it’s your turn to take one action for the current step.\n"
-           "You should choose an admissible action for current step and present it within <action> </action> tags.")
-_WS_ID = (_REFERENCE.format(terminal="Score page")
-          + "If the missing current action is search[…], reconstruct the query most likely to produce the reference "
-            "next observation. Do not add price or budget terms to the query.\n" + _WS_ADMISSIBLE
-          + "\nNow it’s your turn to take one action for the current step. Predict the MISSING CURRENT ACTION that "
-            "leads to the reference next observation.\n"
-            "You should choose one admissible action and present it within <action> </action> tags.")
-
-# -- ScienceWorld --------------------------------------------------------------------------------------------------
-
-_SW_HEAD = "Your ScienceWorld task is: {task_description}\n"
-_SW_AVAILABLE = ("Available action commands: [{action_templates}]\n"
-                 "Available objects you can interact with: [{objects}]\n")
-_SW_FULL = (_SW_AVAILABLE
-            + "\nNow it’s your turn to take an action. Combine an action command with appropriate object(s) to form a "
-              "valid action.\n"
-              "You should first reason step-by-step about the current situation. This reasoning process MUST be "
-              "enclosed within <think> </think> tags.\n"
-              "Once you’ve finished your reasoning, you should choose a valid action for the current step and present "
-              "it within <action> </action> tags.")
-_SW_NAP = (_SW_AVAILABLE
-           + "\nNow it’s your turn to take an action. Combine an action command with appropriate object(s) to form a "
-             "valid action.\n"
-             "You should choose a valid action for the current step and present it within <action> </action> tags.")
-_SW_ID = (_REFERENCE.format(terminal="state") + _SW_AVAILABLE
-          + "\nNow it’s your turn to take one action for the current step. Predict the MISSING CURRENT ACTION that "
-            "leads to the reference next observation.\n"
-            "Combine an action command with appropriate object(s), then present exactly one action within "
-            "<action> </action> tags.")
-
-# (head, with-history block, no-history block, tail) per benchmark name and mode; the admissible-action fields
-# come from ``Benchmark.prompt_fields``.
-TEMPLATES: dict[str, dict[Mode, tuple[str, str, str, str]]] = {
-    "alfworld": {
-        Mode.FULL_RESPONSE: (_ALF_HEAD, _ALF_HISTORY, _ALF_NO_HISTORY, _ALF_ADMISSIBLE + _ALF_FULL),
-        Mode.NEXT_ACTION: (_ALF_HEAD, _ALF_HISTORY, _ALF_NO_HISTORY, _ALF_ADMISSIBLE + _ALF_NAP),
-        Mode.INVERSE_DYNAMICS: (_ALF_HEAD, _ALF_HISTORY, _ALF_NO_HISTORY, _ALF_ID),
-    },
-    "webshop": {
-        Mode.FULL_RESPONSE: (_WS_HEAD, _WS_FULL_HISTORY, _WS_FULL_NO_HISTORY, _WS_ADMISSIBLE + _WS_FULL),
-        Mode.NEXT_ACTION: (_WS_HEAD, _WS_HISTORY, _WS_NO_HISTORY, _WS_ADMISSIBLE + _WS_NAP),
-        Mode.INVERSE_DYNAMICS: (_WS_HEAD, _WS_HISTORY, _WS_NO_HISTORY, _WS_ID),
-    },
-    "scienceworld": {
-        Mode.FULL_RESPONSE: (_SW_HEAD, _ALF_HISTORY, _ALF_NO_HISTORY, _SW_FULL),
-        Mode.NEXT_ACTION: (_SW_HEAD, _ALF_HISTORY, _ALF_NO_HISTORY, _SW_NAP),
-        Mode.INVERSE_DYNAMICS: (_SW_HEAD, _ALF_HISTORY, _ALF_NO_HISTORY, _SW_ID),
-    },
-}
+HISTORY = ("Prior to this step, you have already taken {step_count} step(s). Below are the most recent "
+           "{history_length} observations and the corresponding actions you took: {action_history}\n"
+           "You are now at step {current_step} and your current observation is: {current_observation}\n")
+"""The with-history block of ALFWorld's and ScienceWorld's templates (verl-agent's)."""
+NO_HISTORY = "Your current observation is: {current_observation}\n"
+"""The no-history block of ALFWorld's and ScienceWorld's templates."""
+REFERENCE = ("Complete the missing current action in this reference transition:\n"
+             "Current observation –[MISSING CURRENT ACTION]–> reference next observation.\n"
+             "The reference next observation is the environment state immediately after the missing current action. "
+             "It may be a terminal {terminal}.\n"
+             "Reference next observation:\n{{reference_next_observation}}\n")
+"""The reference block opening every inverse-dynamics template (``terminal``: what the benchmark ends in)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -167,7 +84,9 @@ def render(benchmark: Benchmark, mode: Mode, *, task_description: str, history: 
     if (mode is Mode.INVERSE_DYNAMICS) != (reference_next_observation is not None):
         raise ValueError(f"reference_next_observation={reference_next_observation!r}: required for inverse "
                          f"dynamics and only there (mode={mode.value})")
-    head, with_history, no_history, tail = TEMPLATES[benchmark.name][mode]
+    if mode not in benchmark.templates:
+        raise ValueError(f"mode={mode.value}: benchmark {benchmark.name!r} has no such prompt template (B.1)")
+    head, with_history, no_history, tail = benchmark.templates[mode]
     fields = dict(task_description=task_description, current_observation=current.observation,
                   step_count=step_count, current_step=step_count + 1, history_length=len(history),
                   action_history=format_history(history, step_count - len(history) + 1),

@@ -183,7 +183,7 @@ def load_inputs(args: argparse.Namespace) -> tuple[TrainConfig, Benchmark, list,
         check_writable_file(args.out, "--out")
     with paths_unchecked():
         cfg = load_config(TrainConfig, args.config, args.overrides)
-    benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
+    benchmark = get_benchmark(cfg.benchmark, cfg.env)
     if benchmark.state_source is None:
         raise ConfigError(f"benchmark={cfg.benchmark!r}: its environment exposes no state to compare (C.5); "
                           f"rollout quality runs on {[n for n, b in BENCHMARKS.items() if b.state_source]}")

@@ -19,6 +19,7 @@ import math
 import os
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -57,6 +58,17 @@ def check(ok: bool, key: str, value: Any, why: str) -> None:
         raise ConfigError(f"{key}={value!r}: {why}")
 
 
+_TYPE_FROM = "actfirst.schema.type_from"
+
+
+def type_from(resolve: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    """The ``metadata`` of a dataclass field whose type the loader takes from the section's other values:
+    ``resolve(values)`` gets them checked (by their own annotations) and returns the type to check this field's value
+    against, or None when they cannot tell (a missing or unknown key, which the section's own checks then name)::
+
+        env: Any = dataclasses.field(default=None, metadata=type_from(env_type))
+    """
+    return {_TYPE_FROM: resolve}
 
 
 def _coerce(tp: Any, value: Any, key: str) -> Any:
@@ -115,16 +127,27 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 
 
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
+    """``cls`` from ``data``: every key known and checked against its annotation (or the type its
+    :func:`type_from` gives), then ``cls``'s own checks. A section may name where a key it no longer has went:
+    a ``moved_key(name)`` classmethod returning the message, or None for a key it never had."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     for name in data:
         if name not in fields:
             key = f"{prefix}.{name}" if prefix else name
+            moved = cls.moved_key(name) if hasattr(cls, "moved_key") else None
+            if moved is not None:
+                raise ConfigError(f"{key}: {moved}")
             raise ConfigError(f"{key}={data[name]!r}: unknown key (known: {', '.join(sorted(fields))})")
     kwargs = {}
+    resolved = {name: value for name, value in data.items() if _TYPE_FROM in fields[name].metadata}
     for name, value in data.items():
-        key = f"{prefix}.{name}" if prefix else name
-        kwargs[name] = _coerce(hints[name], value, key)
+        if name not in resolved:
+            kwargs[name] = _coerce(hints[name], value, f"{prefix}.{name}" if prefix else name)
+    for name, value in resolved.items():
+        tp = fields[name].metadata[_TYPE_FROM](kwargs)
+        if tp is not None:
+            kwargs[name] = _coerce(tp, value, f"{prefix}.{name}" if prefix else name)
     try:
         return cls(**kwargs)
     except ConfigError as e:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
-from actfirst.envs.benchmarks import Benchmark
+from actfirst.envs.benchmarks import BENCHMARKS, Benchmark
 from actfirst.eval import (
     MAX_TASKS,
     check_fits,
@@ -150,7 +150,7 @@ def write_candidates(path: str | Path, candidates: dict[str, list[list[str]]]) -
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m actfirst.teacher_rollouts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", required=True, help="the teacher's Hugging Face directory")
-    parser.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop"])
+    parser.add_argument("--benchmark", required=True, choices=sorted(n for n, b in BENCHMARKS.items() if b.fast_actions))
     parser.add_argument("--out", required=True, help="candidate JSONL to write")
     parser.add_argument("--split", default="train", choices=["train", "eval"])
     parser.add_argument("--per-task", type=int, default=10, help="rollouts per task (C.2: ten)")

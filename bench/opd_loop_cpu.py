@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from actfirst.config import ALFWorldConfig, ModelConfig, TrainConfig
+from actfirst.config import ModelConfig, TrainConfig
+from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.models.factory import build_model
@@ -65,8 +66,8 @@ def prepare(out: Path, games_per_type: int) -> dict[str, str]:
 
 def config(paths: dict[str, str], strategy: str, updates: int, out: Path, extra: list[str]) -> TrainConfig:
     overrides = [
-        "benchmark=alfworld", f"alfworld.generated_dir={paths['games']}", "alfworld.max_turns=8",
-        f"alfworld.games_per_type={GAMES_PER_TYPE}",
+        "benchmark=alfworld", f"env.generated_dir={paths['games']}", "env.max_turns=8",
+        f"env.games_per_type={GAMES_PER_TYPE}",
         f"student.model={paths['student']}", "student.dtype=float32", "student.max_model_len=2048",
         "student.max_num_seqs=64", "student.max_num_batched_tokens=4096", "student.kv_cache_gib=1",
         f"teacher={paths['teacher']}", f"references={paths['references']}",

@@ -33,8 +33,8 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def alfworld_games(tmp_path_factory):
     """One generated ALFWorld game of each of the six task types (real TextWorld games, about 25 s)."""
-    from actfirst.envs.alfworld_env import alfworld_tasks
-    from actfirst.envs.alfworld_games import generate_split
+    from actfirst.envs.alfworld.env import alfworld_tasks
+    from actfirst.envs.alfworld.games import generate_split
 
     root = tmp_path_factory.mktemp("alfworld") / "train"
     generate_split(root, per_type=1, seed=0)

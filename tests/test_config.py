@@ -89,3 +89,57 @@ def test_a_run_resumes_only_under_its_own_config():
                                          "-> 0.0001; rollout.strategy: 'actfirst' -> 'vanilla' (only ['out_dir', ")
     assert str(refused.value).endswith("may change); use another out_dir for a new run")
     check_resumable(saved, dataclasses.asdict(other), "x", may_change=("optim", "rollout", "num_updates", "out_dir"))
+
+
+def test_the_env_section_is_the_named_benchmarks_config():
+    """``env:`` takes the config class of ``benchmark`` (through the registry), with its own checks and errors;
+    absent, the benchmark's default file is used (``get_benchmark(cfg.benchmark, None)``)."""
+    from actfirst.envs.alfworld.config import ALFWorldConfig
+    from actfirst.envs.scienceworld.config import ScienceWorldConfig
+
+    demo = CONFIGS / "demo" / "scienceworld_lifespan.yaml"
+    with paths_unchecked():
+        cfg = load_config(TrainConfig, demo, ["env.max_turns=7"])
+        assert isinstance(cfg.env, ScienceWorldConfig) and cfg.env.max_turns == 7
+        assert load_config(TrainConfig, demo, ["env=null"]).env is None
+        for override, message in [
+            ("env.max_turns=0", "env.max_turns=0: must be >= 1"),
+            ("env.max_turn=3", "env.max_turn=3: unknown key (known: eval_task_types, eval_variations, max_turns, "),
+            ("env=3", "env=3: must be a mapping for ScienceWorldConfig"),
+            ("benchmark=alfword", "benchmark='alfword': must be one of ['alfworld', 'scienceworld', "),
+            ("benchmark=alfworld", ("env.train_task_types=['lifespan-longest-lived']: unknown key (known: "
+                                    "games_per_type, generated_dir, max_turns, seed)")),
+        ]:
+            with pytest.raises(ConfigError) as err:
+                load_config(TrainConfig, demo, [override])
+            assert str(err.value).startswith(message), (override, str(err.value))
+        with pytest.raises(ConfigError, match=r"env=ALFWorldConfig\(.*\): must be a ScienceWorldConfig \(the config "
+                                              r"of benchmark='scienceworld'\)"):
+            dataclasses.replace(cfg, env=ALFWorldConfig())
+
+
+@pytest.mark.parametrize("section", ["scienceworld", "alfworld", "webshop", "search"])
+def test_a_config_written_before_env_is_refused_with_the_rename(section, tmp_path):
+    """The sections configs had before ``env:`` (one per benchmark) are refused, saying what to rename."""
+    path = tmp_path / "old.yaml"
+    path.write_text((CONFIGS / "demo" / "scienceworld_lifespan.yaml").read_text().replace("\nenv:\n", f"\n{section}:\n"))
+    with paths_unchecked(), pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, path)
+    assert str(err.value) == f"{section}: rename this section to env: (benchmark: {section})"
+    with paths_unchecked(), pytest.raises(ConfigError, match=r"^scienceworld: rename this section to env: "):
+        load_config(TrainConfig, CONFIGS / "demo" / "scienceworld_lifespan.yaml", ["scienceworld.max_turns=3"])
+
+
+def test_a_run_saved_before_env_still_resumes():
+    """A ``config.json`` written before ``env:`` (a section per benchmark, null but for the run's) is read in
+    today's layout: the same config resumes, and a change of the env section is still refused by name."""
+    with paths_unchecked():
+        cfg = load_config(TrainConfig, CONFIGS / "demo" / "scienceworld_lifespan.yaml")
+        other = load_config(TrainConfig, CONFIGS / "demo" / "scienceworld_lifespan.yaml", ["env.max_turns=13"])
+    current = json.loads(config_json(cfg))
+    saved = {**{k: v for k, v in current.items() if k != "env"}, "alfworld": None, "scienceworld": current["env"],
+             "webshop": None, "search": None}
+    check_resumable(saved, current, "resume")
+    with pytest.raises(ConfigError, match=r"^resume: the config differs from the run's saved config: env.max_turns: "
+                                          r"12 -> 13 \(only"):
+        check_resumable(saved, json.loads(config_json(other)), "resume")

@@ -8,17 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actfirst.config import (
-    STRATEGIES,
-    ALFWorldConfig,
-    ConfigError,
-    ModelConfig,
-    RolloutSpeedupConfig,
-    ScienceWorldConfig,
-    SearchConfig,
-    TrainConfig,
-    WebShopConfig,
-)
+from actfirst.config import STRATEGIES, ConfigError, ModelConfig, RolloutSpeedupConfig, TrainConfig
+from actfirst.envs.benchmarks import BENCHMARKS as REGISTRY
+from actfirst.envs.scienceworld.config import ScienceWorldConfig
+from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.schema import load_config
 
 CONFIGS = Path(__file__).parents[1] / "configs"
@@ -29,8 +22,6 @@ METHOD_CONFIGS = sorted(p for p in (CONFIGS / "train").rglob("*.yaml") if not p.
 BENCHMARKS = ("alfworld", "scienceworld", "webshop")
 SIZES = ("0.6b", "1.7b", "4b")
 TURN_LIMITS = {"alfworld": 30, "webshop": 15, "scienceworld": 30}   # Sec. 5.1
-ENV_CLASSES = {"alfworld": ALFWorldConfig, "scienceworld": ScienceWorldConfig, "webshop": WebShopConfig,
-               "search": SearchConfig}
 
 
 def config_class(path: Path) -> type:
@@ -39,7 +30,7 @@ def config_class(path: Path) -> type:
     if rel.parts[0] in ("train", "demo"):
         return TrainConfig
     if rel.parts[0] == "envs":
-        return ENV_CLASSES[path.stem]
+        return REGISTRY[path.stem].config_class
     if rel.parts[0] == "models":
         return ModelConfig
     if rel.name.startswith("rollout_speedup"):
@@ -68,8 +59,8 @@ def test_training_config_holds_the_paper_settings(path, paths):
     bench, size = path.parent.name, path.stem.removeprefix("qwen3-")
     assert cfg.benchmark == bench
     # Only this benchmark's env section, written out, with its turn limit.
-    env = cfg.env_config
-    assert isinstance(env, ENV_CLASSES[bench]) and env.max_turns == TURN_LIMITS[bench]
+    env = cfg.env
+    assert isinstance(env, REGISTRY[bench].config_class) and env.max_turns == TURN_LIMITS[bench]
     if bench == "scienceworld":
         default = load_config(ScienceWorldConfig, CONFIGS / "envs" / "scienceworld.yaml")
         assert env.train_task_types == default.train_task_types and len(env.train_task_types) == 17
@@ -166,7 +157,8 @@ def test_every_shipped_yaml_loads_into_its_class(tmp_path, paths):
         overrides = {TrainConfig: paths, RolloutSpeedupConfig: [f"engine.model={model_dir}"]}.get(cls, [])
         assert isinstance(load_config(cls, path, overrides), cls), path
         seen.add(cls)
-    assert seen == {TrainConfig, RolloutSpeedupConfig, ModelConfig, *ENV_CLASSES.values()}
+    builtin = {b.config_class for b in REGISTRY.values() if b.__module__.startswith("actfirst.envs.")}
+    assert len(builtin) == 4 and seen == {TrainConfig, RolloutSpeedupConfig, ModelConfig, *builtin}
 
 
 def test_demo_config_builds_its_models_from_nothing():
@@ -180,7 +172,7 @@ def test_demo_config_builds_its_models_from_nothing():
     assert Path(DEMO_CONFIG).is_file()
     build = cfg.prepare.build_models
     assert build is not None and build.student_sft.modes == ["full_response", "next_action", "inverse_dynamics"]
-    env = cfg.env_config
+    env = cfg.env
     assert env.eval_task_types == env.train_task_types
     assert len(env.eval_task_types) * env.eval_variations * len(cfg.evaluation.seeds) >= 64
     with pytest.raises(ConfigError, match="student.model="):
@@ -244,8 +236,8 @@ def test_method_configs(path, paths):
         assert cfg.rollout.budget.total == 512 and cfg.evaluation.temperature == (0.0 if cfg.benchmark == "search"
                                                                                   else 0.4)
         assert cfg.num_updates == {"alfworld": 250, "webshop": 150, "search": 300}[cfg.benchmark]
-        assert cfg.env_config is None or cfg.env_config.max_turns == {"alfworld": 50, "webshop": 15,
-                                                                       "search": 8}[cfg.benchmark]
+        assert cfg.env is None or cfg.env.max_turns == {"alfworld": 50, "webshop": 15,
+                                                        "search": 8}[cfg.benchmark]
     if strategy == "uopd":
         assert cfg.uopd.rate == ((0.5, 0.3) if student == "qwen2.5-1.5b" and cfg.benchmark != "search"
                                  else (0.3, 0.05))

@@ -33,7 +33,7 @@ def demo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     overrides = [
         f"references={root / 'refs.jsonl'}", f"teacher={root / 'teacher'}", f"student.model={root / 'student'}",
-        f"out_dir={root / 'run'}", "train_tasks=4", "scienceworld.eval_variations=2", "scienceworld.max_turns=4",
+        f"out_dir={root / 'run'}", "train_tasks=4", "env.eval_variations=2", "env.max_turns=4",
         "evaluation.seeds=[42]", "evaluation.every=1", "evaluation.max_in_flight=2", "rollout.batch_tasks=2",
         "rollout.budget.first_stage=8", "rollout.budget.total=12", "rollout.budget.second_stage=4",
         "rollout.budget.eval_first_stage=8", "rollout.budget.eval_total=12", "rollout.budget.fast_action_tokens=8",

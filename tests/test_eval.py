@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import ALFWorldConfig, EvaluationConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
-from actfirst.envs.alfworld_env import ALFWorldTask
+from actfirst.config import EvaluationConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
+from actfirst.envs.alfworld.config import ALFWorldConfig
+from actfirst.envs.alfworld.env import ALFWorldTask
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.eval import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
 from actfirst.eval_report import (

@@ -8,7 +8,7 @@ import pytest
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
 from actfirst.models.tokenizers import build_qwen3_tokenizer
-from actfirst.prompts import TEMPLATES, Mode, PromptTooLong, Step, build_prompt, render
+from actfirst.prompts import Mode, PromptTooLong, Step, build_prompt, render
 
 # The B.1 section of the paper, kept with the tests (a clean clone has no ../shared); checked against the paper
 # itself where the paper is present.
@@ -18,6 +18,8 @@ SECTIONS = {"alfworld": "#### ALFWorld.", "webshop": "#### WebShop.", "sciencewo
 FIRST_LINE = {"alfworld": "You are an expert agent", "webshop": "You are an expert autonomous agent",
               "scienceworld": "Your ScienceWorld task is"}
 MODES = (Mode.FULL_RESPONSE, Mode.NEXT_ACTION, Mode.INVERSE_DYNAMICS)
+B1 = sorted(SECTIONS)
+"""The benchmarks with B.1 templates in the paper."""
 
 
 def paper_templates(benchmark):
@@ -45,10 +47,10 @@ def test_excerpt_is_the_papers_text():
     assert "\n".join(EXCERPT.read_text().splitlines()[1:]) in paper
 
 
-@pytest.mark.parametrize("benchmark", sorted(TEMPLATES))
+@pytest.mark.parametrize("benchmark", B1)
 def test_templates_are_the_papers_word_for_word(benchmark):
     for mode, paper in zip(MODES, paper_templates(benchmark)):
-        head, with_history, _, tail = TEMPLATES[benchmark][mode]
+        head, with_history, _, tail = BENCHMARKS[benchmark].templates[mode]
         ours = (head + with_history + tail).replace("{{", "{").replace("}}", "}")
         assert squeeze(ours) == squeeze(paper), (benchmark, mode)
 
@@ -79,11 +81,18 @@ ACTION_FIELDS = {
 
 
 def test_every_benchmark_has_templates():
-    fast = sorted(name for name, cls in BENCHMARKS.items() if cls.config_class.fast_actions)  # Search: E.3's prompt, no B.1
-    assert sorted(TEMPLATES) == fast == sorted(ACTION_FIELDS)
+    """A benchmark with fast actions has all three B.1 templates; one without (Search: E.3's prompt) has none but
+    where its observation is not the whole prompt (a full-response template then)."""
+    builtin = {name: cls for name, cls in BENCHMARKS.items() if cls.__module__.startswith("actfirst.envs.")}
+    assert sorted(name for name, cls in builtin.items() if cls.fast_actions) == B1 == sorted(ACTION_FIELDS)
+    for name, cls in BENCHMARKS.items():
+        if cls.fast_actions:
+            assert set(cls.templates) == set(MODES), name
+        else:
+            assert set(cls.templates) == (set() if cls.prompt_is_observation else {Mode.FULL_RESPONSE}), name
 
 
-@pytest.mark.parametrize("benchmark", sorted(TEMPLATES))
+@pytest.mark.parametrize("benchmark", B1)
 @pytest.mark.parametrize("mode", MODES)
 def test_render_fills_every_field(benchmark, mode):
     current = CURRENT[benchmark]

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from actfirst.config import ALFWorldConfig
+from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.base import EnvState, Transition
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.quality_report import (

@@ -7,11 +7,12 @@ import shutil
 import pytest
 
 from actfirst.config import ConfigError
-from actfirst.envs.alfworld_env import alfworld_tasks, walkthrough
+from actfirst.envs.alfworld.env import alfworld_tasks, walkthrough
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.checks import normalize_scienceworld_observation, normalize_text
-from actfirst.envs.scienceworld_env import ScienceWorldTextEnv
-from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+from actfirst.envs.checks import normalize_text
+from actfirst.envs.scienceworld.checks import normalize_scienceworld_observation
+from actfirst.envs.scienceworld.env import ScienceWorldTextEnv
+from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.references import PartialCacheError, load_references, main, read_candidates
 
 SW_ARGS = ["build", "--benchmark", "scienceworld", "--task-types", "find-non-living-thing", "lifespan-longest-lived",

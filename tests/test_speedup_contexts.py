@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import ALFWorldConfig, EngineConfig, RolloutSpeedupConfig
+from actfirst.config import EngineConfig, RolloutSpeedupConfig
+from actfirst.envs.alfworld.config import ALFWorldConfig
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from speedup_contexts import alfworld_contexts, proportional_sample  # noqa: E402

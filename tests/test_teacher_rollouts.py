@@ -22,9 +22,10 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from actfirst.config import RolloutConfig, SchedulerConfig, ScienceWorldConfig, ThinkingBudgetConfig
+from actfirst.config import RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+from actfirst.envs.scienceworld.config import ScienceWorldConfig
+from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
 from actfirst.references import read_candidates, replay
 from actfirst.rollout.runner import EpisodeResult, RolloutRunner

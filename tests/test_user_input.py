@@ -132,7 +132,7 @@ def test_a_reference_cache_of_another_benchmark(capsys, tmp_path, out_dir):
 
 
 def test_a_reference_cache_of_another_config(capsys, out_dir):
-    status, line = run_main(capsys, "scienceworld.max_turns=30", f"student.model={TEACHER}", f"out_dir={out_dir}")
+    status, line = run_main(capsys, "env.max_turns=30", f"student.model={TEACHER}", f"out_dir={out_dir}")
     assert status == 2 and f"references={str(REFERENCES.relative_to(ROOT))!r}: built under another scienceworld " \
                            f"config" in line and "max_turns: cache 12, run 30" in line, line
     assert not out_dir.exists()
@@ -289,11 +289,11 @@ def test_model_factory_a_malformed_config(capsys, tmp_path):
 
 
 def test_alfworld_games_an_out_under_a_file(capsys, tmp_path):
-    from actfirst.envs.alfworld_games import main
+    from actfirst.envs.alfworld.generate import main
 
     (tmp_path / "FILE").write_text("a file")
     assert main(["--out", str(tmp_path / "FILE" / "games")]) == 2
-    assert "which is not a directory" in one_line(capsys, "actfirst.envs.alfworld_games")
+    assert "which is not a directory" in one_line(capsys, "actfirst.envs.alfworld.generate")
 
 
 def test_the_demo_inputs_pass_every_check(tmp_path):

@@ -208,7 +208,7 @@ class Trainer:
         self.clock: SessionClock | None = None
         check_layout(cfg, ctx.world_size)
         self.checkpoint = self._resume_point()
-        self.benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
+        self.benchmark = get_benchmark(cfg.benchmark, cfg.env)
         self.strategy = make_strategy(cfg.rollout.strategy, cfg.tcod)
         self.tasks = cfg.training_tasks(self.benchmark)[ctx.rank::ctx.world_size]
         self.references = self._references()

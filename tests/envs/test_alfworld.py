@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
-from actfirst.envs.alfworld_env import ALFWorldTask, ALFWorldTextEnv, alfworld_tasks, walkthrough
-from actfirst.envs.alfworld_games import TASK_TYPES, alfworld_split, generate_game, unseen_floor_plan
-from actfirst.envs.checks import alfworld_check
+from actfirst.envs.alfworld.checks import alfworld_check
+from actfirst.envs.alfworld.env import ALFWorldTask, ALFWorldTextEnv, alfworld_tasks, walkthrough
+from actfirst.envs.alfworld.games import TASK_TYPES, alfworld_split, generate_game, unseen_floor_plan
 
 
 @pytest.fixture(scope="module")

@@ -5,25 +5,32 @@ import importlib.util
 import json
 import pickle
 import shutil
+import subprocess
+import sys
 
 import pytest
 
-from actfirst.config import ALFWorldConfig, ConfigError, ScienceWorldConfig, WebShopConfig
+from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import BENCHMARKS, EnvSpec, config_path, get_benchmark, load_benchmark, select_tasks
-from actfirst.envs.checks import SEARCH_MISMATCH_ALLOWED, CheckResult
-from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
+from actfirst.envs.checks import CheckResult
+from actfirst.envs.scienceworld.config import ScienceWorldConfig
+from actfirst.envs.scienceworld.tasks import SIMPLIFICATIONS, TASK_TYPES
+from actfirst.envs.webshop.checks import SEARCH_MISMATCH_ALLOWED
+from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.workers import EnvPool
 from actfirst.references import build_references
 from actfirst.schema import load_config
+from actfirst.user_input import ConfigError
 
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
 
 
 def test_unknown_names_and_wrong_configs_are_rejected():
-    with pytest.raises(ValueError,
-                       match=r"benchmark='webshp': not one of \['alfworld', 'scienceworld', 'search', 'webshop'\]"):
+    assert {"alfworld", "scienceworld", "search", "webshop"} <= set(BENCHMARKS)  # the built-in packages
+    with pytest.raises(ValueError) as unknown:
         get_benchmark("webshp")
+    assert str(unknown.value) == f"benchmark='webshp': not one of {sorted(BENCHMARKS)}"
     with pytest.raises(ValueError, match=r"benchmark 'webshop' needs a WebShopConfig, got a ALFWorldConfig"):
         get_benchmark("webshop", ALFWorldConfig())
     with pytest.raises(ValueError, match="benchmark='ALFWorld'"):
@@ -61,7 +68,7 @@ def test_scienceworld_simplifications_are_the_simulators():
 def test_the_evaluation_split_of_a_task():
     """ALFWorld's split is the folder that holds the game, downloaded (json_2.1.1/<split>/<task>/<trial>/) or
     generated (<generated_dir>/<split>/<task>-<i>/); the other benchmarks report their evaluation tasks together."""
-    from actfirst.envs.alfworld_env import ALFWorldTask
+    from actfirst.envs.alfworld.env import ALFWorldTask
 
     alfworld = get_benchmark("alfworld", ALFWorldConfig())
     for game, split in [("/d/json_2.1.1/valid_seen/look_at_obj_in_light-Box-None-DeskLamp-1/trial_T1/game.tw-pddl",
@@ -240,3 +247,27 @@ def test_references_are_built_only_by_the_configured_environment(tmp_path):
 def test_reference_cache_lines_round_trip():
     line = REFERENCE.to_json()
     assert Reference.from_json(line) == REFERENCE and json.loads(line)["task"] == "0"
+
+
+def test_the_registry_loads_the_packages_without_their_simulators():
+    """Reading the registry imports every built-in benchmark package, and none of them imports its simulator (those
+    load when an environment is made)."""
+    code = ("import sys; from actfirst.envs.benchmarks import BENCHMARKS; names = sorted(BENCHMARKS); "
+            "loaded = sorted(m for m in ('scienceworld', 'textworld', 'alfworld', 'web_agent_site') if m in sys.modules); "
+            "print(names, loaded)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['alfworld', 'scienceworld', 'search', 'webshop'] []"
+
+
+def test_registration_refuses_what_is_not_a_benchmark():
+    from actfirst.envs.benchmarks import register_benchmark
+
+    with pytest.raises(TypeError, match="a subclass of actfirst.envs.benchmarks.Benchmark"):
+        register_benchmark(ALFWorldConfig)
+    impostor = type("Impostor", (BENCHMARKS["alfworld"],), {})  # another class under a taken name
+    with pytest.raises(ValueError, match="benchmark 'alfworld': registered already, by actfirst.envs.alfworld."):
+        register_benchmark(impostor)
+    assert register_benchmark(BENCHMARKS["alfworld"]) is BENCHMARKS["alfworld"]  # the same class again: nothing
+    nameless = type("Nameless", (BENCHMARKS["alfworld"],), {"name": "not a name"})
+    with pytest.raises(TypeError, match=r"Nameless.name='not a name': must be an identifier"):
+        register_benchmark(nameless)

@@ -4,8 +4,9 @@ import random
 
 import pytest
 
-from actfirst.envs.checks import (CheckResult, alfworld_check, normalize_scienceworld_observation, normalize_set,
-                                  normalize_text, scienceworld_check)
+from actfirst.envs.alfworld.checks import alfworld_check
+from actfirst.envs.checks import CheckResult, normalize_set, normalize_text
+from actfirst.envs.scienceworld.checks import normalize_scienceworld_observation, scienceworld_check
 
 GOLD_STEPS = 6  # boil, easy, variation 0: 'go to kitchen', ..., 'open cupboard', 'pick up metal pot', 'look around'
 

@@ -3,8 +3,8 @@
 import pytest
 
 from actfirst.envs.checks import normalize_text
-from actfirst.envs.scienceworld_env import ScienceWorldTextEnv
-from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+from actfirst.envs.scienceworld.env import ScienceWorldTextEnv
+from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 
 TASK = ScienceWorldTask("find-non-living-thing", 0)
 

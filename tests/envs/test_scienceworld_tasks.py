@@ -4,9 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.config import ConfigError, ScienceWorldConfig
-from actfirst.envs.scienceworld_tasks import TASK_TYPES, scienceworld_splits
+from actfirst.envs.scienceworld.config import ScienceWorldConfig
+from actfirst.envs.scienceworld.tasks import TASK_TYPES, scienceworld_splits
 from actfirst.schema import load_config
+from actfirst.user_input import ConfigError
 
 CONFIG = Path(__file__).parents[2] / "configs" / "envs" / "scienceworld.yaml"
 

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import ConfigError, RolloutConfig, SchedulerConfig, SearchConfig, ThinkingBudgetConfig, TrainConfig
+from actfirst.config import ConfigError, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig, TrainConfig
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.retrieval import RetrievalError
-from actfirst.envs.search_env import SearchTextEnv
-from actfirst.envs.search_server import load_corpus
-from actfirst.envs.search_text import (
+from actfirst.envs.search.config import SearchConfig
+from actfirst.envs.search.env import SearchTextEnv
+from actfirst.envs.search.retrieval import RetrievalError
+from actfirst.envs.search.server import load_corpus
+from actfirst.envs.search.text import (
     FORCED_ANSWER,
     INVALID_ACTION,
     SEARCH_PROMPT,
@@ -61,7 +62,7 @@ def server_url(tmp_path_factory):
     start another engine in this process (its Triton kernel scan trips over llvmlite's ``ffi.lib``)."""
     corpus = write_jsonl(tmp_path_factory.mktemp("corpus") / "corpus.jsonl",
                          [{"id": str(i), "contents": f'"{t}"\n{x}'} for i, (t, x) in enumerate(PASSAGES)])
-    proc = subprocess.Popen([sys.executable, "-m", "actfirst.envs.search_server", "--corpus", corpus, "--port", "0"],
+    proc = subprocess.Popen([sys.executable, "-m", "actfirst.envs.search.server", "--corpus", corpus, "--port", "0"],
                             stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()  # "search_server: 12 passages, POST http://127.0.0.1:<port>/retrieve"
     assert "POST http://" in line, f"the server did not start: {line!r} (exit status {proc.poll()})"
@@ -171,7 +172,7 @@ def test_bad_retrieval_url_is_named(config):
 def test_malformed_corpus_refused_by_the_server_command(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "0", "contents": "\\"T\\"\\ntext"}\n{"id": "1", "text": "no contents"}\n')
-    run = subprocess.run([sys.executable, "-m", "actfirst.envs.search_server", "--corpus", str(bad), "--port", "0"],
+    run = subprocess.run([sys.executable, "-m", "actfirst.envs.search.server", "--corpus", str(bad), "--port", "0"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
     assert f"--corpus='{bad}': line 2 is not a passage" in run.stderr
@@ -188,7 +189,7 @@ def test_fast_action_strategies_refused_up_front(tmp_path):
     cfg = load_config(TrainConfig, base, paths)
     assert cfg.rollout.strategy == "vanilla" and cfg.references is None and cfg.seed == 42
     assert (cfg.num_updates, cfg.rollout.batch_tasks, cfg.batch_samples) == (300, 64, 64)  # Sec. 5.1, D.4
-    assert (cfg.evaluation.temperature, cfg.evaluation.seeds, cfg.env_config.max_turns) == (0.0, [42], 8)  # D.5
+    assert (cfg.evaluation.temperature, cfg.evaluation.seeds, cfg.env.max_turns) == (0.0, [42], 8)  # D.5
     for strategy in ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "b2f"):
         with pytest.raises(ConfigError, match=f"rollout.strategy='{strategy}': .*benchmark 'search'"):
             load_config(TrainConfig, base, paths + [f"rollout.strategy={strategy}"])

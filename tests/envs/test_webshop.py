@@ -13,9 +13,8 @@ import json
 
 import pytest
 
-from actfirst.config import ConfigError, WebShopConfig
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.checks import (
+from actfirst.envs.webshop.checks import (
     is_search_results,
     normalize_webshop_observation,
     parse_webshop_action,
@@ -23,7 +22,8 @@ from actfirst.envs.checks import (
     webshop_check,
     webshop_reference_product,
 )
-from actfirst.envs.webshop_env import (
+from actfirst.envs.webshop.config import WebShopConfig
+from actfirst.envs.webshop.env import (
     EVAL_GOALS,
     TRAIN_GOALS,
     WebShopGoal,
@@ -40,6 +40,7 @@ from actfirst.envs.webshop_env import (
 )
 from actfirst.envs.workers import EnvPool
 from actfirst.references import load_references, replay, transition_config
+from actfirst.user_input import ConfigError
 
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
 needs_webshop = pytest.mark.skipif(not WEBSHOP_INSTALLED,

@@ -16,9 +16,9 @@ import time
 import psutil
 import pytest
 
-from actfirst.config import ALFWorldConfig
+from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvError, EnvPool, EnvWorker, WorkerDied
 
 TASK = ScienceWorldTask("find-non-living-thing", 0)
@@ -218,7 +218,7 @@ def test_async_calls_never_block_the_loop():
 SCRIPT = textwrap.dedent("""
     import signal, time
     from actfirst.envs.benchmarks import get_benchmark
-    from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+    from actfirst.envs.scienceworld.tasks import ScienceWorldTask
     from actfirst.envs.workers import EnvPool
 
     if __name__ == "__main__":

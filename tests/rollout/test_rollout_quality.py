@@ -12,7 +12,8 @@ import asyncio
 
 import pytest
 
-from actfirst.config import ALFWorldConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
+from actfirst.config import RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
+from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.eval import episode_seed, seed_stride
@@ -37,7 +38,7 @@ def reference(benchmark, task, first: Transition) -> Reference:
 
 @pytest.fixture(scope="module")
 def setup(alfworld_games):
-    from actfirst.envs.alfworld_env import ALFWorldTextEnv
+    from actfirst.envs.alfworld.env import ALFWorldTextEnv
 
     benchmark = get_benchmark("alfworld", ALFWorldConfig(max_turns=MAX_TURNS))
     tasks = alfworld_games[:3]

@@ -9,17 +9,17 @@ import pytest
 from transformers import AutoTokenizer
 
 from actfirst.config import (
-    ALFWorldConfig,
     RolloutConfig,
     SchedulerConfig,
-    ScienceWorldConfig,
     TCODConfig,
     ThinkingBudgetConfig,
     UOPDConfig,
 )
+from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+from actfirst.envs.scienceworld.config import ScienceWorldConfig
+from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
 from actfirst.references import replay
 from actfirst.rollout.runner import RolloutRunner, episode_samples
@@ -45,7 +45,7 @@ def build_references(benchmark, tasks, actions_of):
 
 @pytest.fixture(scope="module")
 def alfworld(alfworld_games):
-    from actfirst.envs.alfworld_env import walkthrough
+    from actfirst.envs.alfworld.env import walkthrough
 
     benchmark = get_benchmark("alfworld", ALFWorldConfig(max_turns=5))
     tasks = alfworld_games[:3]

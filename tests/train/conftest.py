@@ -27,7 +27,8 @@ def tiny_run_config(alfworld_games, tiny_model_dir, tmp_path_factory) -> dict:
     tiny teacher and the tiny student, built once for the loop and kill-resume tests."""
     import asyncio
 
-    from actfirst.config import ALFWorldConfig, ModelConfig
+    from actfirst.config import ModelConfig
+    from actfirst.envs.alfworld.config import ALFWorldConfig
     from actfirst.envs.benchmarks import get_benchmark
     from actfirst.envs.workers import EnvPool
     from actfirst.models.factory import build_model
@@ -43,7 +44,7 @@ def tiny_run_config(alfworld_games, tiny_model_dir, tmp_path_factory) -> dict:
                                       num_key_value_heads=1, head_dim=32, intermediate_size=128, seed=7),
                           root / "teacher")
     return {
-        "benchmark": "alfworld", "alfworld": env, "teacher": str(teacher), "references": str(root / "refs.jsonl"),
+        "benchmark": "alfworld", "env": env, "teacher": str(teacher), "references": str(root / "refs.jsonl"),
         "student": {"model": str(tiny_model_dir), "dtype": "float32", "max_model_len": 2048, "max_num_seqs": 16,
                     "max_num_batched_tokens": 4096, "kv_cache_gib": 1},
         "scheduler": {"b_max": 16},

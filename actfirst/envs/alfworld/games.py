@@ -8,20 +8,18 @@ navigation points (``gen/layouts/FloorPlan*-openable.json``) and object types (`
 object/receptacle compatibility and object affordances (``gen/constants.py``), and the goal formulas and description
 templates (``gen/goal_library.py``). A generated game is kept only when the planner (Fast Downward, through
 TextWorld) finds a plan; the plan is stored as the game's walkthrough. Generation is deterministic for a seed.
+The command ``python -m actfirst.envs.alfworld.generate`` writes games to a folder.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import random
-import sys
 from pathlib import Path
 
-from actfirst.envs.alfworld_env import SPLITS, ALFWorldTask, ALFWorldTextEnv, alfworld_tasks
-from actfirst.user_input import check_writable_dir, command
+from actfirst.envs.alfworld.env import SPLITS, ALFWorldTask, ALFWorldTextEnv, alfworld_tasks
 
 # The six ALFWorld task types (Appendix C.1), short name -> ALFRED name.
 TASK_TYPES = {
@@ -315,24 +313,3 @@ def alfworld_split(split: str, generated_dir: str | Path | None = None, per_type
     generate_split(Path(generated_dir) / split, per_type, seed=seed * len(SPLITS) + SPLITS.index(split),
                    unseen=split == "valid_unseen")
     return alfworld_tasks(Path(generated_dir) / split)
-
-
-@command
-def main(argv: list[str] | None = None) -> int:
-    """Generate games into ``--out``; returns the exit status."""
-    parser = argparse.ArgumentParser(description="Generate ALFRED-style ALFWorld games offline.")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--per-type", type=int, default=10, help="games per task type")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--unseen", action="store_true", help="use only the held-out rooms")
-    args = parser.parse_args(argv)
-    if args.per_type < 1:
-        parser.error(f"--per-type={args.per_type}: must be >= 1")
-    check_writable_dir(args.out, "--out")
-    files = generate_split(args.out, args.per_type, args.seed, args.unseen)
-    print(f"{len(files)} solvable games under {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -19,9 +19,10 @@ import random
 import re
 from pathlib import Path
 
-from actfirst.config import ConfigError, WebShopConfig
 from actfirst.envs.base import TextEnv, Transition
-from actfirst.envs.checks import webshop_action_valid
+from actfirst.envs.webshop.checks import webshop_action_valid
+from actfirst.envs.webshop.config import WebShopConfig
+from actfirst.user_input import ConfigError
 
 TRAIN_GOALS = range(0, 4096)
 EVAL_GOALS = range(4096, 4196)

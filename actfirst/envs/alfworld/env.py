@@ -1,7 +1,7 @@
 """ALFWorld behind ``TextEnv`` (Appendix C.1), played through TextWorld's PDDL engine as ALFWorld plays it.
 
 Tasks come from ``$ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}`` when the user has the download, and
-otherwise from games generated offline by ``actfirst.envs.alfworld_games``. Admissible actions exclude help; a
+otherwise from games generated offline by ``actfirst.envs.alfworld.games``. Admissible actions exclude help; a
 turn limit (30) truncates the episode; success is the game's won flag, score 100 or 0.
 """
 

@@ -1,6 +1,6 @@
 """A local BM25 retrieval server in Search-R1's protocol (tests, the CPU): one command::
 
-    python -m actfirst.envs.search_server --corpus corpus.jsonl [--port 8000] [--host 127.0.0.1] [--topk 3]
+    python -m actfirst.envs.search.server --corpus corpus.jsonl [--port 8000] [--host 127.0.0.1] [--topk 3]
 
 The corpus is JSONL as Search-R1's corpora are: one ``{"id": ..., "contents": "\\"Title\\"\\ntext"}`` per line.
 ``POST /retrieve`` with ``{"queries": [...], "topk": k, "return_scores": bool}`` answers ``{"result": [...]}``: per
@@ -112,7 +112,7 @@ def make_server(index: BM25Index, host: str, port: int, topk: int) -> ThreadingH
 @command
 def main(argv: list[str] | None = None) -> int:
     """Serve ``--corpus`` until interrupted; a bad corpus is refused (one line, exit status 2) before serving."""
-    parser = argparse.ArgumentParser(prog="python -m actfirst.envs.search_server", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m actfirst.envs.search.server", description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", required=True, help='JSONL, one {"id": ..., "contents": ...} per line')
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

@@ -1,7 +1,7 @@
 """Search (UOPD, Appendix D.1, D.5, E.3): open-domain QA with a retrieval tool, in the Search-R1 setting.
 
 An episode's observation is its whole prompt: E.3's prompt for the question followed by the episode so far
-(``actfirst.envs.search_text``). ``step`` takes a model output: a complete search is answered with the top
+(``actfirst.envs.search.text``). ``step`` takes a model output: a complete search is answered with the top
 ``topk`` passages of the retrieval server and continues the episode; a complete answer ends it, scored by exact
 match (score 100 and ``won``, else 0); neither gets the invalid-action reply. After ``max_turns`` outputs without an
 answer the episode is truncated with score 0 (training). At evaluation only, ``force_answer`` then gives one more turn
@@ -15,10 +15,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-from actfirst.config import SearchConfig
 from actfirst.envs.base import TextEnv, Transition
-from actfirst.envs.retrieval import retrieve
-from actfirst.envs.search_text import (
+from actfirst.envs.search.config import SearchConfig
+from actfirst.envs.search.retrieval import retrieve
+from actfirst.envs.search.text import (
     ANSWER,
     INVALID_REPLY,
     SEARCH,

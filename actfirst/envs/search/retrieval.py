@@ -3,7 +3,7 @@
 ``POST <retrieval_url>`` with ``{"queries": [...], "topk": k, "return_scores": true}`` answers
 ``{"result": [[{"document": {"id": ..., "contents": "\\"Title\\"\\ntext"}, "score": ...}, ...], ...]}``: one list of
 passages per query, best first. The UOPD setting (D.1) serves Search-R1's e5-base-v2 + flat FAISS index over its 2018
-Wikipedia; ``python -m actfirst.envs.search_server`` serves a BM25 index of a small corpus in the same protocol.
+Wikipedia; ``python -m actfirst.envs.search.server`` serves a BM25 index of a small corpus in the same protocol.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def retrieve(url: str, queries: Sequence[str], topk: int, timeout_s: float) -> l
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise RetrievalError(f"retrieval_url={url!r}: cannot reach the retrieval server ({reason}); start one "
-                             f"(python -m actfirst.envs.search_server --corpus ...) or point retrieval_url at "
+                             f"(python -m actfirst.envs.search.server --corpus ...) or point retrieval_url at "
                              f"yours") from None
     return _contents(url, raw, len(queries))
 

@@ -8,7 +8,7 @@ import os
 
 from actfirst.envs.base import EnvState, TextEnv, Transition
 from actfirst.envs.checks import normalize_set, normalize_text
-from actfirst.envs.scienceworld_tasks import ScienceWorldTask
+from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 
 SUCCESS_SCORE = 99.999  # Appendix C.1
 # One JVM per environment: a serial collector and one processor each keep many JVMs from fighting over the cores.

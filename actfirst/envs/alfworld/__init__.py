@@ -1,0 +1,73 @@
+"""ALFWorld (Appendix C.1) as one benchmark: its config, environment (TextWorld's ALFWorld games, imported when an
+environment is made), transition check and prompt templates, registered as ``alfworld``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from actfirst.envs.alfworld.checks import alfworld_action_valid, alfworld_check
+from actfirst.envs.alfworld.config import ALFWorldConfig
+from actfirst.envs.alfworld.prompts import TEMPLATES
+from actfirst.envs.base import TextEnv, Transition
+from actfirst.envs.benchmarks import Benchmark, register_benchmark
+
+
+@register_benchmark
+class ALFWorldBenchmark(Benchmark):
+    """ALFWorld (C.1): $ALFWORLD_DATA's json_2.1.1 games when downloaded, else games generated offline."""
+
+    name = "alfworld"
+    config_class = ALFWorldConfig
+    templates = TEMPLATES
+    fast_actions = True
+    state_source = "positive facts and the task-success flag"
+    TASK_TYPES = {"pick_and_place_simple": "Pick", "look_at_obj_in_light": "Look",
+                  "pick_clean_then_place_in_recep": "Clean", "pick_heat_then_place_in_recep": "Heat",
+                  "pick_cool_then_place_in_recep": "Cool", "pick_two_obj_and_place": "Pick2"}
+    """ALFRED task type -> the name Table 1 reports it under."""
+    EVAL_SPLITS = ("valid_seen", "valid_unseen")
+    """The evaluation splits, reported apart (C.1) and pooled in the overall and per-type rows."""
+
+    def make_env(self) -> TextEnv:
+        from actfirst.envs.alfworld.env import ALFWorldTextEnv
+
+        return ALFWorldTextEnv(max_turns=self.config.max_turns)
+
+    def prompt_fields(self, current: Transition) -> dict[str, str]:
+        return {"admissible_actions": ", ".join(f"'{a}'" for a in current.admissible)}
+
+    def valid_action(self, action: str, current: Transition) -> bool:
+        return alfworld_action_valid(action, current.admissible)
+
+    def _check(self, reference, t, *, action, current, next, previous):
+        ref = reference.transitions[t + 1]
+        return alfworld_check(action=action, admissible=current.admissible, done=next.done, ref_done=ref.done,
+                              next_observation=next.observation, ref_next_observation=ref.observation,
+                              next_admissible=next.admissible, ref_next_admissible=ref.admissible)
+
+    def task_key(self, task) -> str:
+        return Path(task.game_file).parent.name
+
+    def task_type(self, task) -> str:
+        if task.task_type not in self.TASK_TYPES:
+            raise ValueError(f"task_type={task.task_type!r} ({task.game_file}): not one of {list(self.TASK_TYPES)}")
+        return self.TASK_TYPES[task.task_type]
+
+    def task_split(self, task) -> str | None:
+        """valid_seen or valid_unseen: the split folder that holds the game (``json_2.1.1/<split>/...`` or the
+        generated ``<generated_dir>/<split>/...``); None for a game outside them (a training game)."""
+        return next((part for part in reversed(Path(task.game_file).parts) if part in self.EVAL_SPLITS), None)
+
+    def _tasks(self, split: str) -> list:
+        """train: ALFWorld's train split; eval: valid_seen and valid_unseen, in that order (C.1)."""
+        from actfirst.envs.alfworld.games import alfworld_split
+
+        names = ["train"] if split == "train" else list(self.EVAL_SPLITS)
+        return [task for name in names for task in alfworld_split(
+            name, self.config.generated_dir, per_type=self.config.games_per_type, seed=self.config.seed)]
+
+    async def candidates(self, worker, task) -> list[tuple[str, list[str]]]:
+        """The planner's walkthrough stored with the game."""
+        from actfirst.envs.alfworld.env import walkthrough
+
+        return [("walkthrough", walkthrough(task))]

@@ -1,0 +1,32 @@
+"""WebShop's config section (``env:`` of a WebShop run; ``configs/envs/webshop.yaml``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from actfirst.schema import check
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class WebShopConfig:
+    """WebShop as Appendix C.1 sets it up (goals 0-4095 train, 4096-4195 evaluation; 15-turn limit)."""
+
+    max_turns: int = 15
+    product_file: str = "items_shuffle.json"
+    """WebShop's product catalog: a file in WebShop's ``data`` folder, or a path. C.1 uses "the full product
+    catalog": ``items_shuffle.json`` (about 1.18M products; ``./setup.sh -d all``). WebShop's own default,
+    ``items_shuffle_1000.json``, is its 1,000-product preview. WebShop's search index must be built from the same
+    file."""
+    attribute_file: str = "items_ins_v2.json"
+    """The product attributes that go with ``product_file`` (``items_ins_v2_1000.json`` with the preview); WebShop's
+    reward matches the goal's attributes against them."""
+    num_products: int | None = None
+    """Use only the first N products of ``product_file`` (None: all of them, as C.1 does). WebShop has search
+    indexes for 100, 1000 and 100000 only."""
+
+    def __post_init__(self) -> None:
+        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        for key in ("product_file", "attribute_file"):
+            check(bool(getattr(self, key).strip()), key, getattr(self, key), "must name a file")
+        check(self.num_products in (None, 100, 1000, 100000), "num_products", self.num_products,
+               "must be null (all of product_file) or one of WebShop's index sizes 100, 1000, 100000")
