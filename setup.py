@@ -7,7 +7,7 @@ back to their torch references; ``actfirst.kernels.dispatch`` says so once at ru
 import glob
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 
@@ -49,7 +49,8 @@ def native_extensions():
     return [ext], {"build_ext": Build.with_options(use_ninja=True)}
 
 
-subpackages = ("engine", "envs", "models", "parallel", "rollout", "train")
-packages = ["actfirst"] + [f"actfirst.{p}" for p in subpackages] + ["actfirst.kernels"]
+# Every package under actfirst/ (the benchmark packages actfirst.envs.<name> included), and kernels/ installed as
+# actfirst.kernels (pyproject.toml's package-dir), never as a top-level "kernels".
+packages = find_packages(include=["actfirst", "actfirst.*"]) + ["actfirst.kernels"]
 ext_modules, cmdclass = native_extensions()
 setup(packages=packages, ext_modules=ext_modules, cmdclass=cmdclass)
