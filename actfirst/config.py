@@ -512,11 +512,10 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check(self.benchmark in BENCHMARKS, "benchmark", self.benchmark, f"must be one of {sorted(BENCHMARKS)}")
-        env_class = BENCHMARKS[self.benchmark].config_class
-        check(self.env is None or isinstance(self.env, env_class), "env", self.env,
-               f"must be a {env_class.__name__} (the config of benchmark={self.benchmark!r})")
-        check(self.rollout.strategy not in B1_OR_REFERENCE_STRATEGIES or BENCHMARKS[self.benchmark].fast_actions,
-               "rollout.strategy",
+        benchmark = BENCHMARKS[self.benchmark]
+        check(self.env is None or isinstance(self.env, benchmark.config_class), "env", self.env,
+               f"must be a {benchmark.config_class.__name__} (the config of benchmark={self.benchmark!r})")
+        check(self.rollout.strategy not in B1_OR_REFERENCE_STRATEGIES or benchmark.fast_actions, "rollout.strategy",
                self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) or reference "
                f"trajectories, which benchmark {self.benchmark!r} does not have; use vanilla, f2b or uopd")
         check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")

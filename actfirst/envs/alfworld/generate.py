@@ -15,7 +15,8 @@ from actfirst.user_input import check_writable_dir, command
 @command
 def main(argv: list[str] | None = None) -> int:
     """Generate games into ``--out``; returns the exit status."""
-    parser = argparse.ArgumentParser(description="Generate ALFRED-style ALFWorld games offline.")
+    parser = argparse.ArgumentParser(prog="python -m actfirst.envs.alfworld.generate",
+                                     description="Generate ALFRED-style ALFWorld games offline.")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--per-type", type=int, default=10, help="games per task type")
     parser.add_argument("--seed", type=int, default=0)
