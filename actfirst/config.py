@@ -595,8 +595,8 @@ def check_resumable(saved: dict[str, Any], current: dict[str, Any], what: str, *
     config does not have (written before it existed) counts as its default."""
     defaults = _plain({f.name: to_dict(f.default_factory()) for f in dataclasses.fields(TrainConfig)
                        if f.default_factory is not dataclasses.MISSING})
-    saved = _with_defaults(_plain(_env_section(saved)), defaults)
-    keys, current = sorted(set(saved) | set(current)), _plain(current)
+    saved = _env_section(saved)
+    keys, saved, current = sorted(set(saved) | set(current)), _with_defaults(_plain(saved), defaults), _plain(current)
     differ = [d for k in keys if k not in may_change for d in _differences(saved.get(k), current.get(k), k)]
     if differ:
         more = f" and {len(differ) - 5} more" if len(differ) > 5 else ""
