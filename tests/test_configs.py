@@ -9,7 +9,6 @@ import pytest
 import yaml
 
 from actfirst.config import (
-    STRATEGIES,
     ALFWorldConfig,
     ConfigError,
     ModelConfig,
@@ -19,6 +18,7 @@ from actfirst.config import (
     TrainConfig,
     WebShopConfig,
 )
+from actfirst.rollout.strategies import STRATEGIES
 from actfirst.schema import load_config
 
 CONFIGS = Path(__file__).parents[1] / "configs"

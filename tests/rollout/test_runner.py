@@ -13,9 +13,7 @@ from actfirst.config import (
     RolloutConfig,
     SchedulerConfig,
     ScienceWorldConfig,
-    TCODConfig,
     ThinkingBudgetConfig,
-    UOPDConfig,
 )
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import get_benchmark
@@ -23,7 +21,7 @@ from actfirst.envs.scienceworld_tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
 from actfirst.references import replay
 from actfirst.rollout.runner import RolloutRunner, episode_samples
-from actfirst.rollout.strategies import ActionSource, make_strategy
+from actfirst.rollout.strategies import ActionSource, TCODConfig, UOPDConfig, make_strategy
 
 BUDGET = ThinkingBudgetConfig(first_stage=24, total=32, second_stage=8, fast_action_tokens=6)
 
