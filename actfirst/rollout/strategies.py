@@ -178,6 +178,8 @@ def make_strategy(name: str, section: Any = None) -> RolloutStrategy:
 
 
 class ThinkThenAct(RolloutStrategy):
+    """Vanilla OPD: every turn waits for its full response and executes its action (the default hooks)."""
+
     name = "vanilla"
     label = "Vanilla OPD"
     rollout_label = "Think-then-act"
