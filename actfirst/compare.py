@@ -48,16 +48,15 @@ from typing import Any
 
 import numpy as np
 
-from actfirst.config import RESUMABLE_CHANGES, STRATEGIES, ConfigError, TrainConfig, check_resumable
+from actfirst.config import RESUMABLE_CHANGES, ConfigError, TrainConfig, check_resumable
 from actfirst.eval_report import _finite, mean_sd
+from actfirst.rollout.strategies import STRATEGIES, StrategyLabels
 from actfirst.schema import to_dict
 from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure
 from actfirst.user_input import check_writable_dir, command
 
-METHODS = {"vanilla": "Vanilla OPD", "actfirst": "ActFirst-OPD", "no_id": "w/o ID", "no_nap": "w/o NAP fallback",
-           "ref_prefix_50": "Reference-Prefix Replay (50%)", "ref_prefix_100": "Reference-Prefix Replay (100%)",
-           "f2b": "TCOD-F2B", "b2f": "TCOD-B2F", "uopd": "UOPD"}
-"""The paper's name of each strategy."""
+METHODS = StrategyLabels()
+"""The paper's name of each strategy (its class's ``label``)."""
 BASELINE = "vanilla"
 EVAL_METRICS = ("SR", "Score", "Round")
 BOOTSTRAP_RESAMPLES = 10_000

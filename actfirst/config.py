@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import BENCHMARKS
+from actfirst.rollout.strategies import STRATEGIES, TCODConfig, UOPDConfig
 from actfirst.schema import check, check_dir, paths_checked, to_dict, type_from
 from actfirst.user_input import ConfigError, check_exists
 
@@ -102,9 +103,6 @@ class SchedulerConfig:
         check(self.reserved_fast_slots >= 0, "reserved_fast_slots", self.reserved_fast_slots, "must be >= 0")
 
 
-B1_OR_REFERENCE_STRATEGIES = ("actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "b2f")
-"""Strategies that need B.1's next-action-prediction or inverse-dynamics prompts, or reference trajectories: only
-benchmarks with ``Benchmark.fast_actions`` run them."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -161,11 +159,6 @@ class RolloutSpeedupConfig:
         check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
 
 
-STRATEGIES = ("vanilla", "actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "f2b", "b2f", "uopd")
-"""Rollout strategies: Vanilla OPD (think-then-act), ActFirst-OPD, the ablations of Sec. 5.3, and the UOPD paper's
-methods (TCOD-F2B, TCOD-B2F, UOPD; its OPD is ``vanilla``)."""
-
-
 @dataclasses.dataclass(kw_only=True, slots=True)
 class ThinkingBudgetConfig:
     """Budgeted decoding of full responses (Appendix B.3) and the action-only decoding of fast actions."""
@@ -193,12 +186,9 @@ class ThinkingBudgetConfig:
 class RolloutConfig:
     """How a rollout batch is collected (Sec. 4, Sec. 5.3, Appendix B.2-B.3)."""
 
-    strategy: Literal["vanilla", "actfirst", "no_id", "no_nap", "ref_prefix_50", "ref_prefix_100", "f2b", "b2f",
-                      "uopd"] = "actfirst"
-    """``vanilla``: think-then-act (Vanilla OPD); ``actfirst``: ActFirst-OPD; ``no_id``: w/o ID; ``no_nap``: w/o NAP
-    fallback; ``ref_prefix_50`` / ``ref_prefix_100``: Reference-Prefix Replay (Sec. 5.3); ``f2b`` / ``b2f``: TCOD's
-    temporal curricula (UOPD paper, Appendix D.3; section ``tcod``); ``uopd``: uncertainty-aware intervention (UOPD
-    paper, Sec. 4.2; section ``uopd``)."""
+    strategy: str = "actfirst"
+    """The rollout strategy by name, one of ``actfirst.rollout.strategies.STRATEGIES`` (each class says what it
+    does, and names its config section where it has one: ``tcod`` for f2b / b2f, ``uopd``)."""
     batch_tasks: int = 16
     """Tasks per rollout batch (Sec. 5.1: 16); one environment worker each."""
     temperature: float = 1.0
@@ -211,6 +201,7 @@ class RolloutConfig:
     budget: ThinkingBudgetConfig = dataclasses.field(default_factory=ThinkingBudgetConfig)
 
     def __post_init__(self) -> None:
+        check(self.strategy in STRATEGIES, "strategy", self.strategy, f"must be one of {list(STRATEGIES)}")
         check(self.batch_tasks >= 1, "batch_tasks", self.batch_tasks, "must be >= 1")
         check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0: greedy)")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
@@ -220,58 +211,7 @@ class RolloutConfig:
     @property
     def uses_references(self) -> bool:
         """Whether the strategy reads the reference cache (B2F's expert prefixes are the reference actions)."""
-        return self.strategy not in ("vanilla", "no_id", "f2b", "uopd")
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class TCODConfig:
-    """TCOD's temporal curricula over the rollout horizon (UOPD paper, Appendix D.3), advanced every ``eta`` rollout
-    batches n: F2B plays W_n = min(1 + floor(n / eta), T_max) student turns, then ends the episode; B2F replays
-    P_n = clamp(L - 1 - floor(n / eta), 0, L - 1) reference actions (L: the reference's length), which carry no
-    loss, then the student plays."""
-
-    eta: int | None = None
-    """Rollout batches per curriculum stage (None: the paper's ALFWorld value, 6 for F2B and 5 for B2F)."""
-    max_turns: int = 0
-    """F2B's T_max (0: the benchmark's turn limit)."""
-
-    def __post_init__(self) -> None:
-        check(self.eta is None or self.eta >= 1, "eta", self.eta, "must be >= 1 (or null: the paper's value)")
-        check(self.max_turns >= 0, "max_turns", self.max_turns, "must be >= 0 (0: the benchmark's turn limit)")
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class UOPDConfig:
-    """UOPD's intervention rule and loss (UOPD paper, Sec. 4.2, Sec. 5.3, Appendix D.4); see
-    ``actfirst.rollout.intervention``."""
-
-    score: Literal["teacher_confidence", "logprob_gap"] = "teacher_confidence"
-    """The uncertainty score of a student proposal: ``teacher_confidence`` (the paper's default on ALFWorld and
-    WebShop) or ``logprob_gap`` (the length-normalized student-teacher log-prob gap)."""
-    selection: Literal["uncertainty", "random"] = "uncertainty"
-    """``random``: Sec. 5.3's ablation, each turn intervened with probability r_n."""
-    rate: tuple[float, float] = (0.30, 0.05)
-    """The target intervention rate r_n, linear from the first to the second value over the updates (Sec. 5.3's
-    presets: [0.30, 0.05] and [0.50, 0.30]; a constant 15%: [0.15, 0.15])."""
-    buffer_size: int = 512
-    """Recent uncertainty scores D_n the threshold is the (1 - r_n) quantile of."""
-    min_scores: int = 16
-    """Until the buffer holds this many scores, turns are intervened at random with probability r_n."""
-    sft_weight: float = 1.0
-    """beta: the weight of the SFT loss on intervened turns' teacher responses (0: Sec. 5.3's "w/o SFT")."""
-    teacher_execution: bool = True
-    """Execute the teacher's action in place of the student's (false: Sec. 5.3's SFT target only)."""
-    teacher_gpu_memory_utilization: float = 0.2
-    """GPU only: the teacher engine's share of GPU memory (it lives beside the student's engine)."""
-
-    def __post_init__(self) -> None:
-        check(all(0.0 <= r <= 1.0 for r in self.rate), "rate", self.rate, "must be two rates in [0, 1]")
-        check(self.buffer_size >= 1, "buffer_size", self.buffer_size, "must be >= 1")
-        check(1 <= self.min_scores <= self.buffer_size, "min_scores", self.min_scores,
-               f"must be in [1, buffer_size={self.buffer_size}]")
-        check(self.sft_weight >= 0.0, "sft_weight", self.sft_weight, "must be >= 0")
-        check(0.0 < self.teacher_gpu_memory_utilization < 1.0, "teacher_gpu_memory_utilization",
-               self.teacher_gpu_memory_utilization, "must be in (0, 1)")
+        return STRATEGIES[self.strategy].uses_references
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -478,9 +418,9 @@ class TrainConfig:
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     tcod: TCODConfig = dataclasses.field(default_factory=TCODConfig)
-    """``rollout.strategy`` f2b / b2f only."""
+    """Read by the strategies whose class declares ``section = "tcod"`` (f2b, b2f)."""
     uopd: UOPDConfig = dataclasses.field(default_factory=UOPDConfig)
-    """``rollout.strategy`` uopd only."""
+    """Read by the strategies whose class declares ``section = "uopd"`` (uopd)."""
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
@@ -515,9 +455,12 @@ class TrainConfig:
         benchmark = BENCHMARKS[self.benchmark]
         check(self.env is None or isinstance(self.env, benchmark.config_class), "env", self.env,
                f"must be a {benchmark.config_class.__name__} (the config of benchmark={self.benchmark!r})")
-        check(self.rollout.strategy not in B1_OR_REFERENCE_STRATEGIES or benchmark.fast_actions, "rollout.strategy",
+        strategy = STRATEGIES[self.rollout.strategy]
+        anywhere = [name for name, c in STRATEGIES.items() if not c.needs_fast_action_benchmark()]
+        check(not strategy.needs_fast_action_benchmark() or benchmark.fast_actions, "rollout.strategy",
                self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) or reference "
-               f"trajectories, which benchmark {self.benchmark!r} does not have; use vanilla, f2b or uopd")
+               f"trajectories, which benchmark {self.benchmark!r} does not have; use {', '.join(anywhere[:-1])} or "
+               f"{anywhere[-1]}")
         check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
         check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
         check(self.references is None or bool(self.references.strip()), "references", self.references,
@@ -526,13 +469,7 @@ class TrainConfig:
                "needs overlap: false (a sleeping engine cannot serve rollouts during the update)")
         check(self.rollout.temperature > 0, "rollout.temperature", self.rollout.temperature,
                "must be > 0 in training (log pi_old needs a sampled policy; greedy is for evaluation)")
-        if self.rollout.strategy == "uopd":
-            check(self.parallel.teacher == "replicate", "parallel.teacher", self.parallel.teacher,
-                   "must be 'replicate' with rollout.strategy='uopd' (each rank's rollouts score proposals with the "
-                   "teacher on their own, outside any collective)")
-            check(self.uopd.teacher_gpu_memory_utilization + self.student.gpu_memory_utilization < 1.0,
-                   "uopd.teacher_gpu_memory_utilization", self.uopd.teacher_gpu_memory_utilization,
-                   f"+ student.gpu_memory_utilization={self.student.gpu_memory_utilization} must be < 1")
+        strategy.check_config(self)
         if self.rollout.uses_references:
             check(self.references is not None, "references", self.references,
                    f"rollout.strategy={self.rollout.strategy!r} needs a reference cache")
@@ -565,6 +502,12 @@ class TrainConfig:
     def moved_key(cls, name: str) -> str | None:
         """Where a top-level key of configs written before ``env:`` went (a benchmark's own section)."""
         return f"rename this section to env: (benchmark: {name})" if name in BENCHMARKS else None
+
+    @property
+    def strategy_section(self) -> TCODConfig | UOPDConfig | None:
+        """The section ``rollout.strategy`` is built from (None: it has none)."""
+        section = STRATEGIES[self.rollout.strategy].section
+        return getattr(self, section) if section is not None else None
 
     def training_tasks(self, benchmark: Any) -> list[Any]:
         """The benchmark's training tasks this run uses (the first ``train_tasks``; all when 0)."""

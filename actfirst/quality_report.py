@@ -23,9 +23,12 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from actfirst.envs.checks import normalize_text
+from actfirst.rollout.strategies import STRATEGIES
 
-STRATEGY_LABELS = {"vanilla": "Think-then-act", "no_id": "Direct action (no reference)", "actfirst": "ActFirst-OPD"}
-"""The strategies Figure 4 compares, by ``rollout.strategy`` name, in its order."""
+STRATEGY_LABELS = {name: STRATEGIES[name].rollout_label or STRATEGIES[name].label
+                   for name in ("vanilla", "no_id", "actfirst")}
+"""The strategies Figure 4 compares, by ``rollout.strategy`` name, in its order, with the names C.5 gives their ways
+of acting (think-then-act, direct action without references, ActFirst-OPD)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

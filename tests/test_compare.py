@@ -29,8 +29,8 @@ from actfirst.compare import (
     time_to_common_sr,
     write_comparison,
 )
-from actfirst.config import STRATEGIES
 from actfirst.eval_report import EpisodeRecord, EvalReport, wilson_interval
+from actfirst.rollout.strategies import STRATEGIES
 from actfirst.schema import config_json
 from actfirst.train.plots import DPI, WALL_CLOCK
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actfirst.config import STRATEGIES, ConfigError, ModelConfig, RolloutSpeedupConfig, TrainConfig
+from actfirst.config import ConfigError, ModelConfig, RolloutSpeedupConfig, TrainConfig
 from actfirst.envs.benchmarks import BENCHMARKS as REGISTRY
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.webshop.config import WebShopConfig
+from actfirst.rollout.strategies import STRATEGIES
 from actfirst.schema import load_config
 
 CONFIGS = Path(__file__).parents[1] / "configs"

@@ -55,10 +55,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from actfirst.config import RolloutConfig, UOPDConfig
+from actfirst.config import RolloutConfig
 from actfirst.engine.core import ActFirstEngine
 from actfirst.envs.response_format import ResponseFormat
 from actfirst.rollout.budget import FullResponse, generate_full_response
+from actfirst.rollout.strategies import UOPDConfig
 from actfirst.train.teacher import TeacherScorer
 
 

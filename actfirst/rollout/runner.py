@@ -237,7 +237,7 @@ class RolloutRunner:
         try:
             ep.current = ep.last = await worker.areset(task)
             await self._trace(ep, worker, ep.current)
-            for t in range(self.strategy.horizon(ep.guidance, self.benchmark.max_turns) + self.forced_answer):
+            for t in range(self.strategy.horizon(batch, self.benchmark.max_turns) + self.forced_answer):
                 if not await self._turn(ep, worker, t):
                     break
         except (WorkerDied, EnvError, PromptTooLong) as exc:
@@ -266,8 +266,7 @@ class RolloutRunner:
         source = self.strategy.source(guidance, t, len(reference.actions) if reference else 0)
         full_seed, fast_seed = turn_seeds(ep.seed, t)
         full = None
-        sampled = source is not ActionSource.REFERENCE or self.strategy.samples_replayed
-        if source is ActionSource.FULL_RESPONSE or (sampled and self.full_responses):
+        if source is ActionSource.FULL_RESPONSE or (self.strategy.samples(source) and self.full_responses):
             context = self._prompt(Mode.FULL_RESPONSE, current, ep.history, ep.counts).token_ids
             full = asyncio.ensure_future(self.full_response(context, full_seed))
             ep.contexts.append(context)
@@ -384,9 +383,10 @@ def turn_seeds(base: int, turn: int) -> tuple[int, int]:
 
 def matched_base(base: int, strategy: RolloutStrategy) -> int:
     """The episode seed under which ``strategy``'s executed action of turn t is sampled with seed ``base + 2t + 1``
-    whatever its source (think-then-act executes its full response's action, sampled with the episode seed + 2t):
-    episodes of several strategies played from one ``base`` share each turn's sampling seed (C.5)."""
-    return base + 1 if strategy.think_then_act else base
+    whatever its source (a strategy without fast actions executes its full response's action, sampled with the
+    episode seed + 2t): episodes of several strategies played from one ``base`` share each turn's sampling seed
+    (C.5)."""
+    return base if strategy.fast_actions else base + 1
 
 
 def episode_samples(episode: EpisodeResult, strategy: str, *, sft_weight: float = 0.0) -> list[Sample]:

@@ -73,11 +73,11 @@ from actfirst.parallel.weight_sync import gathered_parameters
 from actfirst.references import load_references
 from actfirst.rollout.intervention import Intervention, InterventionRecord, intervention_metrics
 from actfirst.rollout.runner import RolloutBatch, RolloutRunner
-from actfirst.rollout.strategies import Guidance, make_strategy
+from actfirst.rollout.strategies import make_strategy
 from actfirst.schema import config_json, to_dict
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics
-from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, SessionClock, account, launch_info
+from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, RunClock, account
 from actfirst.train.head import LMHeadModel
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
 from actfirst.train.plots import WALL_CLOCK, plot_training_curve, read_records
@@ -89,8 +89,6 @@ from actfirst.train.student import StudentUpdater
 from actfirst.train.teacher import TeacherScorer
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-EARLY_WINDOW_S = 600.0
-"""C.5's early throughput window: the first 600 s from the first rollout batch's start (Table 9)."""
 ENGINE_PROBE = "The same weights give the same log-probs on every rank."
 """The prompt each rank's engine answers after a weight sync (with several ranks): the engines must agree."""
 
@@ -177,7 +175,7 @@ class UpdateStats:
     """Samples the staleness rule dropped."""
     wall_s: float = 0.0
     early: int = 0
-    """Transitions completed within the first :data:`EARLY_WINDOW_S` of the throughput window."""
+    """Transitions completed within the first ``actfirst.train.clock.EARLY_WINDOW_S`` of the throughput window."""
     times: dict[str, float] = dataclasses.field(default_factory=lambda: dict.fromkeys(SPEEDUP_FIELDS, 0.0))
     """The rollout batches' measured completion times and Eq. 25/36's (``actfirst.train.speedup``), summed."""
     records: list[RequestRecord] = dataclasses.field(default_factory=list)
@@ -200,16 +198,12 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, ctx: ParallelContext, *, resume: bool) -> None:
         self.cfg, self.ctx, self.resume = cfg, ctx, resume
         self.out_dir = Path(cfg.out_dir)
-        self.started = time.perf_counter()
-        self.eval_s = self.probe_s = 0.0
-        """This process's evaluation and probe time (what :meth:`elapsed` leaves out)."""
-        self.probe_before = self.eval_kept = 0.0
-        """The checkpointed run's probe time; the kept evaluations' time (rank 0: ``evals.jsonl``'s sum)."""
-        self.clock: SessionClock | None = None
+        self.clock = RunClock()
+        """Training time from here on (C.3), the throughput window, the run's counts; rank 0's ``clock.jsonl``."""
         check_layout(cfg, ctx.world_size)
         self.checkpoint = self._resume_point()
         self.benchmark = get_benchmark(cfg.benchmark, cfg.env)
-        self.strategy = make_strategy(cfg.rollout.strategy, cfg.tcod)
+        self.strategy = make_strategy(cfg.rollout.strategy, cfg.strategy_section)
         self.tasks = cfg.training_tasks(self.benchmark)[ctx.rank::ctx.world_size]
         self.references = self._references()
         self.model_dir = str(self.checkpoint) if self.checkpoint is not None else cfg.student.model
@@ -222,13 +216,7 @@ class Trainer:
         self.probe_contexts: list[list[int]] = []
         self.probe_gaps: list[float] = []
         self.recent: deque[dict[str, float]] = deque(maxlen=ALIGNMENT_WINDOW)  # Appendix F's window, counts
-        self.total_transitions, self.batch_index, self.first_update, self.elapsed_before = 0, 0, 1, 0.0
-        self.window_origin: float | None = None
-        """C.5's throughput windows start here, on the training clock (:meth:`elapsed`): the first rollout batch."""
-        self.early_transitions = 0
-        """Transitions of every rank completed within :data:`EARLY_WINDOW_S` of the origin."""
-        self.run_times = dict.fromkeys(SPEEDUP_FIELDS, 0.0)
-        """:attr:`UpdateStats.times` of every rank summed over the run (the speedup model's run figures)."""
+        self.batch_index, self.first_update = 0, 1
         self.pending: asyncio.Future | None = None
         self.engine: ActFirstEngine | None = None
         self.intervention: Intervention | None = None
@@ -292,12 +280,9 @@ class Trainer:
         check_resumable(trainer_state["config"], to_dict(self.cfg), "resume")
         self.updater.load_state_dict(trainer_state["updater"])
         self.probe_gaps = list(trainer_state["probe_gaps"])
-        self.total_transitions = trainer_state["total_transitions"]
-        self.window_origin = trainer_state.get("window_origin_s")
-        self.early_transitions = trainer_state.get("early_transitions", 0)
-        self.run_times.update(trainer_state.get("rollout_times", {}))
-        self.first_update, self.elapsed_before = trainer_state["update"] + 1, trainer_state["elapsed_s"]
-        self.probe_before = trainer_state.get("probe_s", 0.0)
+        # A checkpoint written before the clock had its own state holds its figures at the top level.
+        self.clock.load_state_dict(trainer_state.get("clock", trainer_state))
+        self.first_update = trainer_state["update"] + 1
         self.engine.weight_version = trainer_state["weight_version"]  # the engine loaded the checkpoint's weights
         if trainer_state["world_size"] == self.ctx.world_size:  # the same ranks: this rank's state exactly
             state = rank_states[0]
@@ -345,21 +330,8 @@ class Trainer:
             truncate_metrics(self.out_dir / "metrics.jsonl", self.first_update - 1)
             truncate_metrics(self.out_dir / "evals.jsonl", self.first_update - 1)
         self.sink = MetricsSink(self.out_dir)
-        self.eval_kept = sum(r["eval_wall_s"] for r in read_records(self.out_dir / "evals.jsonl"))
-        launch = launch_info()
-        self.clock = SessionClock(self.out_dir / CLOCK, started=launch.get("started", time.time() - (
-            time.perf_counter() - self.started)), prepare_s=launch.get("prepare_s", 0.0),
-            base_s=self.elapsed_before + self.probe_before + self.eval_kept)
-        self.beat()
-
-    def beat(self) -> None:
-        """Rank 0: the run's kept wall-clock figures as of now into ``clock.jsonl`` (``actfirst.train.clock``)."""
-        if self.clock is not None:
-            self.clock.beat(train_s=self.elapsed(), eval_s=self.eval_kept, probe_s=self.probe_before + self.probe_s)
-
-    def elapsed(self) -> float:
-        """Training wall-clock so far (C.3), the runs before a resume included, evaluation and probe excluded."""
-        return self.elapsed_before + time.perf_counter() - self.started - self.eval_s - self.probe_s
+        self.clock.open_session(self.out_dir / CLOCK, kept_evaluations=sum(
+            r["eval_wall_s"] for r in read_records(self.out_dir / "evals.jsonl")))
 
     # -- the run ----------------------------------------------------------------------------------------------------
 
@@ -404,10 +376,10 @@ class Trainer:
             if self.intervention is not None:
                 await self.intervention.teacher_engine.shutdown()
             await self.engine.shutdown()
-        wall, probe = self.elapsed(), self.probe_before + self.probe_s
+        wall, probe = self.clock.elapsed(), self.clock.kept_probe_s
         evals = read_records(self.out_dir / "evals.jsonl") if self.ctx.lead else []
         if self.ctx.lead:
-            self.beat()
+            self.clock.beat()
             write_atomically(self.out_dir / WALL_CLOCK, json.dumps({
                 **account(self.out_dir / CLOCK), "updates": self.cfg.num_updates,
                 "definition": f"{SPEEDUP_FIGURE} (every speedup's figure) follows Appendix C.3: the trainer's "
@@ -415,7 +387,7 @@ class Trainer:
                 "resumed run without the updates they did again (lost_s); teacher training and reference "
                 "construction are not in the trainer. The parts (prepare, train, eval, probe, lost, other) sum to "
                 "total_s, every session's wall-clock from its launch."}, indent=1))
-        return TrainResult(self.out_dir, self.cfg.num_updates, wall, probe, self.total_transitions,
+        return TrainResult(self.out_dir, self.cfg.num_updates, wall, probe, self.clock.total_transitions,
                            self.engine.weight_version, self.probe_gaps, evals)
 
     async def step(self, update: int) -> None:
@@ -431,7 +403,7 @@ class Trainer:
         metrics.update(await self.check_engines())
         metrics.update(await self.probe(update))
         metrics["probe_s"] = time.perf_counter() - t0
-        self.probe_s += metrics["probe_s"]
+        self.clock.exclude_probe(metrics["probe_s"])
         self.engine.records.clear()
         self.log(update, metrics, stats, version)
         self.save_checkpoint(update)
@@ -456,8 +428,7 @@ class Trainer:
         if self.intervention is not None:
             self.intervention.update = update - 1
         self.batch_index += 1
-        if self.window_origin is None:
-            self.window_origin = self.elapsed()
+        self.clock.open_window()
         return asyncio.ensure_future(self.runner.run_batch(self.stream.next(self.batch_tasks), self.batch_index))
 
     def _finish_batch(self, batch: RolloutBatch, stats: UpdateStats) -> None:
@@ -465,8 +436,7 @@ class Trainer:
         self.recent.append(rollout_counts(batch.episodes))
         stats.rollout_s += batch.wall_s
         stats.transitions += batch.num_transitions
-        to_window = self.elapsed() - time.perf_counter() - self.window_origin  # no evaluation or probe in a batch
-        stats.early += sum(t.step_done + to_window <= EARLY_WINDOW_S for e in batch.episodes for t in e.turns)
+        stats.early += self.clock.count_early(t.step_done for e in batch.episodes for t in e.turns)
         times = batch_times([EpisodeLatencies(e.num_turns, [r.latency_s for r in e.full_responses],
                                               [t.fast.latency_s for t in e.turns if t.fast is not None])
                              for e in batch.episodes], wall_s=batch.wall_s, b_max=self.cfg.scheduler.b_max)
@@ -567,32 +537,29 @@ class Trainer:
                            *[window[k] for k in keys]])  # one collective for every count of the update
         transitions, batches, generated, discarded, buffered, dropped, early = (int(x) for x in sums[:7])
         times = dict(zip(SPEEDUP_FIELDS, sums[7:7 + len(SPEEDUP_FIELDS)]))
-        self.run_times = {k: self.run_times[k] + times[k] for k in SPEEDUP_FIELDS}
         slowest = reduce_max([stats.rollout_s, stats.wall_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
                                        "failures": stats.failures, "records": stats.records,
                                        "interventions": stats.interventions, "batch_n": self.batch_index - 1})
-        self.total_transitions += transitions
-        self.early_transitions += early
+        self.clock.count(transitions=transitions, early=early, rollout_times=times)
         if not self.ctx.lead:
             return
         failures = [f"rank {r}: {f}" if self.ctx.world_size > 1 else f for r, p in enumerate(per_rank)
                     for f in p["failures"]]
         record = {
-            **metrics, **rollout_rates(dict(zip(keys, sums[7 + len(SPEEDUP_FIELDS):]))), **self.throughput(),
+            **metrics, **rollout_rates(dict(zip(keys, sums[7 + len(SPEEDUP_FIELDS):]))), **self.clock.throughput(),
             **{f"speedup/{k}": v for k, v in speedups(times).items()},
-            **{f"speedup/run_{k}": v for k, v in speedups(self.run_times).items()},
+            **{f"speedup/run_{k}": v for k, v in speedups(self.clock.rollout_times).items()},
             "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,
-            "overlapped": stats.overlapped, "update_wall_s": slowest[1], "elapsed_s": self.elapsed(),
+            "overlapped": stats.overlapped, "update_wall_s": slowest[1], "elapsed_s": self.clock.elapsed(),
             "env_steps_per_s": transitions / slowest[1] if slowest[1] > 0 else math.nan,
-            "transitions": transitions, "total_transitions": self.total_transitions,
+            "transitions": transitions, "total_transitions": self.clock.total_transitions,
             "failed_episodes": len(failures), "failures": failures,
             "generated_tokens": generated, "discarded_tokens": discarded,
             "discarded_frac": discarded / generated if generated else 0.0,
             "buffer/size": buffered, "buffer/dropped": dropped, "world_size": self.ctx.world_size,
             "queue": summarize_records([r for p in per_rank for r in p["records"]]),
-            "rollout/horizon": self.strategy.horizon(Guidance(active=False, batch=self.batch_index - 1),
-                                                     self.benchmark.max_turns),
+            "rollout/horizon": self.strategy.horizon(self.batch_index - 1, self.benchmark.max_turns),
             "rollout/batch_n": min(p["batch_n"] for p in per_rank),
             "rollout/batch_n_max": max(p["batch_n"] for p in per_rank),  # each rank counts its own rollout batches
         }
@@ -602,20 +569,10 @@ class Trainer:
             record["ranks"] = {"rollout_s": [p["rollout_s"] for p in per_rank],
                                "transitions": [p["transitions"] for p in per_rank]}
         self.sink.log(update, record)
-        self.beat()
+        self.clock.beat()
         tqdm.write(summary_line(update, record))
         for failure in failures:
             tqdm.write(f"  episode failed: {failure}")
-
-    def throughput(self) -> dict[str, float]:
-        """C.5's environment-transition throughput (Eq. 37, Table 9) so far: transitions over the window from the
-        first rollout batch to now (after the last update: the full-training window), and within its first
-        :data:`EARLY_WINDOW_S` (while that window is open: over the time so far); training clock, rank 0's."""
-        window = self.elapsed() - self.window_origin
-        early = min(window, EARLY_WINDOW_S)
-        return {"throughput/window_s": window,
-                "throughput/full_window": self.total_transitions / window if window > 0 else math.nan,
-                "throughput/first_600s": self.early_transitions / early if early > 0 else math.nan}
 
     def save_checkpoint(self, update: int) -> None:
         """Every ``checkpoint_every`` updates and after the last (after the metrics: a kill between the two loses
@@ -626,9 +583,7 @@ class Trainer:
         trainer_state = {
             "update": update, "config": to_dict(cfg), "updater": self.updater.state_dict(),
             "weight_version": self.engine.weight_version, "probe_gaps": self.probe_gaps,
-            "total_transitions": self.total_transitions, "elapsed_s": self.elapsed(),
-            "probe_s": self.probe_before + self.probe_s, "window_origin_s": self.window_origin,
-            "early_transitions": self.early_transitions, "rollout_times": self.run_times}
+            "clock": self.clock.state_dict()}
         rank_state = {
             "buffer": self.buffer.state_dict(), "tasks": self.stream.state_dict(self.benchmark.task_key),
             "probe_contexts": self.probe_contexts, "batch_index": self.batch_index, "recent": list(self.recent),
@@ -649,7 +604,7 @@ class Trainer:
         if on_start and broadcast_object(self.ctx.lead and update in {
                 r["update"] for r in read_records(self.out_dir / "evals.jsonl")}):
             return  # already evaluated (a resume after the evaluation's record)
-        t0, elapsed = time.perf_counter(), self.elapsed()  # the training time it evaluates (its own excluded)
+        t0, elapsed = time.perf_counter(), self.clock.elapsed()  # the training time it evaluates (its own excluded)
         if self.ctx.lead:
             tqdm.write(f"evaluation at update {update}: {len(self.eval_tasks)} tasks x seeds {spec.seeds}")
         report = await evaluate(self.engine, self.tokenizer, self.benchmark, self.eval_tasks, seeds=spec.seeds,
@@ -660,8 +615,8 @@ class Trainer:
         wall = reduce_max([time.perf_counter() - t0])[0]
         if self.ctx.lead:
             self._record_evaluation(update, merge_reports(parts, self.benchmark), wall, elapsed)
-        self.eval_s += time.perf_counter() - t0  # its report and plot included
-        self.beat()
+        self.clock.exclude_evaluation(time.perf_counter() - t0, kept=wall)  # its report and plot included
+        self.clock.beat()
 
     def _eval_due(self, update: int) -> bool:
         spec = self.cfg.evaluation
@@ -679,7 +634,6 @@ class Trainer:
                "splits": {split: report.summary(split=split) for split in report.splits}}
         with (self.out_dir / "evals.jsonl").open("a") as f:
             f.write(json.dumps(row, default=str) + "\n")
-        self.eval_kept += wall
         lo, hi = summary["SR_ci95_pooled"]
         tqdm.write(f"evaluation at update {update}: SR {summary['SR']['mean']:.1f} ± {summary['SR']['sd']:.1f} "
                    f"(95% CI [{lo:.1f}, {hi:.1f}], {summary['episodes']} episodes) in {wall:.0f} s")

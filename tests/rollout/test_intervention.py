@@ -9,11 +9,11 @@ import random
 
 import pytest
 
-from actfirst.config import ConfigError, TCODConfig, UOPDConfig
+from actfirst.config import ConfigError
 from actfirst.rollout.budget import FullResponse
 from actfirst.rollout.intervention import Intervention, quantile_threshold, scheduled_rate, uncertainty_score
 from actfirst.rollout.runner import EpisodeResult, episode_samples
-from actfirst.rollout.strategies import BackwardToForward, Guidance, make_strategy
+from actfirst.rollout.strategies import BackwardToForward, TCODConfig, UOPDConfig, make_strategy
 
 
 def test_threshold_is_the_one_minus_rate_quantile():
@@ -71,9 +71,9 @@ def test_threshold_waits_for_min_scores_and_the_state_survives_a_checkpoint():
 @pytest.mark.parametrize("n,w", [(0, 1), (5, 1), (6, 2), (17, 3), (1000, 50)])
 def test_f2b_horizon(n, w):
     f2b = make_strategy("f2b")  # eta 6 (ALFWorld, D.3)
-    assert f2b.horizon(Guidance(active=False, batch=n), max_turns=50) == w
+    assert f2b.horizon(n, max_turns=50) == w
     capped = make_strategy("f2b", TCODConfig(eta=6, max_turns=2))
-    assert capped.horizon(Guidance(active=False, batch=n), max_turns=50) == min(w, 2)
+    assert capped.horizon(n, max_turns=50) == min(w, 2)
 
 
 @pytest.mark.parametrize("length,n,prefix", [(7, 0, 6), (7, 4, 6), (7, 5, 5), (7, 29, 1), (7, 30, 0), (7, 900, 0),

@@ -11,9 +11,7 @@ from transformers import AutoTokenizer
 from actfirst.config import (
     RolloutConfig,
     SchedulerConfig,
-    TCODConfig,
     ThinkingBudgetConfig,
-    UOPDConfig,
 )
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.base import Reference
@@ -23,7 +21,7 @@ from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
 from actfirst.references import replay
 from actfirst.rollout.runner import RolloutRunner, episode_samples
-from actfirst.rollout.strategies import ActionSource, make_strategy
+from actfirst.rollout.strategies import ActionSource, TCODConfig, UOPDConfig, make_strategy
 
 BUDGET = ThinkingBudgetConfig(first_stage=24, total=32, second_stage=8, fast_action_tokens=6)
 

@@ -1,12 +1,15 @@
 """The run's wall-clock across sessions (``actfirst.train.clock``) from hand-written ``clock.jsonl`` lines: the parts
 sum to the whole, what a killed session did past its checkpoint is lost time, a line cut short by a kill is skipped.
-(``tests/train/test_kill_resume.py`` checks the same on a real run killed with SIGKILL and resumed.)"""
+A :class:`RunClock` leaves out what it is told, and its state continues in a new session, from its own
+``state_dict`` or from a trainer state of the earlier format. (``tests/train/test_kill_resume.py`` checks the same on a
+real run killed with SIGKILL and resumed.)"""
 
 import json
 
 import pytest
 
-from actfirst.train.clock import PARTS, SessionClock, account
+from actfirst.train.clock import PARTS, RunClock, SessionClock, account
+from actfirst.train.speedup import FIELDS
 
 
 def line(started, now, *, prepare=0.0, base=0.0, train=0.0, eval_s=0.0, probe=0.0):
@@ -44,3 +47,40 @@ def test_one_session_and_no_session(tmp_path):
     assert wall["sessions"] == 1 and wall["lost_s"] == 0.0 and wall["train_s"] == 3.0
     assert sum(wall[k] for k in PARTS) == pytest.approx(wall["total_s"])
     SessionClock(None, started=0.0, prepare_s=0.0, base_s=0.0).beat(train_s=1.0, eval_s=0.0, probe_s=0.0)  # rank > 0
+
+
+def test_run_clock_excludes_evaluation_and_probe_and_resumes_from_its_state(tmp_path):
+    clock = RunClock()
+    clock.open_window()
+    origin = clock.window_origin
+    clock.open_window()  # the first rollout batch's start stays the origin
+    assert clock.window_origin == origin >= 0.0
+    before = clock.elapsed()
+    clock.exclude_evaluation(5.0, kept=6.0)
+    clock.exclude_probe(0.25)
+    assert clock.elapsed() < before - 5.0 + 0.1 and clock.kept_probe_s == 0.25 and clock.eval_kept == 6.0
+    clock.count(transitions=10, early=4, rollout_times=dict.fromkeys(FIELDS, 1.5))
+    clock.count(transitions=2, early=0, rollout_times=dict.fromkeys(FIELDS, 0.5))
+    state = clock.state_dict()
+    assert (state["total_transitions"], state["early_transitions"], state["probe_s"]) == (12, 4, 0.25)
+    assert state["rollout_times"] == dict.fromkeys(FIELDS, 2.0)
+
+    resumed = RunClock()  # a new session continues the training time and the window
+    resumed.load_state_dict(state)
+    assert resumed.elapsed() >= state["elapsed_s"] and resumed.kept_probe_s == 0.25
+    assert (resumed.total_transitions, resumed.early_transitions, resumed.window_origin) == (12, 4, origin)
+    resumed.open_session(tmp_path / "clock.jsonl", kept_evaluations=6.0)
+    (line,) = [json.loads(x) for x in (tmp_path / "clock.jsonl").read_text().splitlines()]
+    assert line["base_s"] == pytest.approx(state["elapsed_s"] + 0.25 + 6.0) and line["probe_s"] == 0.25
+
+
+def test_run_clock_resumes_from_an_earlier_trainer_state():
+    """A checkpoint written before the clock had its own state: its figures are keys of the trainer state, and the
+    oldest lack the probe time, the window and the rollout times."""
+    trainer_state = {"update": 4, "weight_version": 4, "probe_gaps": [], "total_transitions": 37, "elapsed_s": 81.5}
+    clock = RunClock()
+    clock.load_state_dict(trainer_state)
+    assert (clock.train_before, clock.probe_before, clock.total_transitions, clock.early_transitions) == (81.5, 0.0,
+                                                                                                         37, 0)
+    assert clock.window_origin is None and clock.rollout_times == dict.fromkeys(FIELDS, 0.0)
+    assert clock.elapsed() >= 81.5

@@ -155,7 +155,7 @@ def after_kill(out_dir: Path, what: str, size: int, **facts) -> dict:
             "tmp": tmp_entries(out_dir), **facts}
     if state is not None:
         row = json.loads(logged[state["update"]])
-        kill["weight_version"], kill["total_transitions"] = state["weight_version"], state["total_transitions"]
+        kill["weight_version"], kill["total_transitions"] = state["weight_version"], state["clock"]["total_transitions"]
         assert (row["weight_version"], row["total_transitions"]) == (kill["weight_version"], kill["total_transitions"])
     print(f"killed ({what}): group of {size} processes; {facts}; last update logged {kill['logged']}, "
           f"latest checkpoint update {kill['ckpt']}, left in checkpoints/: {kill['tmp'] or 'no .tmp- entry'}")
@@ -193,7 +193,7 @@ def check_series(out_dir: Path, num_updates: int) -> None:
         assert row["total_transitions"] == prev["total_transitions"] + row["transitions"], (prev, row)
         assert row["elapsed_s"] > prev["elapsed_s"]
     state = checkpoint_state(out_dir)
-    assert (state["update"], state["weight_version"], state["total_transitions"]) == \
+    assert (state["update"], state["weight_version"], state["clock"]["total_transitions"]) == \
         (num_updates, num_updates, totals[-1])
     assert not tmp_entries(out_dir), "the last save left .tmp- entries"
     print(f"series 1..{num_updates}: weight versions {[r['weight_version'] for r in rows]}, "
