@@ -8,20 +8,19 @@ ALFWorld's valid_seen and valid_unseen apart, as Table 1 reports them).
     report = await evaluate(engine, tokenizer, benchmark, benchmark.tasks("eval"), rollout=cfg.rollout)
     print(report.table()); Path("report.json").write_text(report.to_json())
 
-    python -m actfirst.eval --checkpoint DIR --benchmark alfworld [--split eval] [--tasks N] [--seeds 42 43 44] \\
-        [--out report.json] [key=value ...]        # env config; rollout.*, engine.*, scheduler.* go to those configs
-
 Every task is played once per seed by the ``vanilla`` strategy (each turn executes its full response's action)
 with ``rollout.budget.eval_first_stage`` / ``eval_total`` in place of the training budget. Up to ``max_in_flight``
 episodes run at once on one engine and a pool of that many workers; a finished episode's worker takes the next
 (seed, task) at once, so the pool stays full across episodes and seeds. Episode i of seed s samples with seeds
 derived from (s, i) alone (never from scheduling), so a seed reproduces its run. An episode whose worker died or
 whose environment raised counts as a failure and is listed in the report.
+
+Also what the commands that serve a checkpoint share (``actfirst.eval``, ``actfirst.teacher_rollouts``,
+``actfirst.rollout_quality``): the configs from ``key=value`` overrides, the in-process engine, the report's output.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -37,7 +36,6 @@ from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerC
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.eval_report import EpisodeRecord, EvalReport, response_hash
 from actfirst.schema import load_config
-from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
 
 EVAL_SEEDS = (42, 43, 44)
 """C.4's evaluation seeds."""
@@ -217,7 +215,7 @@ def merge_reports(parts: Sequence[EvalReport], benchmark: Benchmark) -> EvalRepo
     return _report(benchmark, list(parts[0].seeds), records, meta)
 
 
-# -- CLI -------------------------------------------------------------------------------------------------------------
+# -- serving a checkpoint for a command ------------------------------------------------------------------------------
 
 
 def split_overrides(overrides: Sequence[str]) -> dict[str, list[str]]:
@@ -279,22 +277,6 @@ def serving_configs(model: str, benchmark_name: str, config: str | None, overrid
     return benchmark, rollout, engine_cfg, scheduler_cfg
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m actfirst.eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="the student's Hugging Face directory")
-    parser.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop", "search"])
-    parser.add_argument("--split", default="eval", choices=["train", "eval"])
-    parser.add_argument("--tasks", type=int, default=0, help="evaluate N tasks, round-robin over task types (0: all)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(EVAL_SEEDS))
-    parser.add_argument("--out", help="write the JSON report here")
-    parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
-    parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="env config overrides (generated_dir=..., max_turns=...); rollout.*, engine.*, "
-                             "scheduler.* override those configs (rollout.budget.eval_total=..., engine.dtype=...)")
-    return parser
-
-
 @contextlib.asynccontextmanager
 async def served(engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig) -> AsyncIterator[tuple[Any, Any]]:
     """``engine_cfg.model`` on an in-process engine with its tokenizer, for a command's measurement; the engine is
@@ -310,35 +292,6 @@ async def served(engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig) -> As
         await engine.shutdown()
 
 
-async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
-                scheduler_cfg: SchedulerConfig) -> EvalReport:
-    tasks = pick_tasks(benchmark, benchmark.tasks(args.split), args.tasks)
-    print(f"[eval {benchmark.name}] {len(tasks)} {args.split} tasks x seeds {args.seeds}, checkpoint "
-          f"{args.checkpoint}", flush=True)
-    async with served(engine_cfg, scheduler_cfg) as (engine, tokenizer):
-        return await evaluate(engine, tokenizer, benchmark, tasks, seeds=args.seeds, rollout=rollout,
-                              max_in_flight=args.max_in_flight)
-
-
-@command
-def main(argv: list[str] | None = None) -> int:
-    """Evaluate a checkpoint (every input checked before the engine starts); returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
-        parser.error(f"--seeds={args.seeds}: need distinct seeds >= 0")
-    check_model_dir(args.checkpoint, "--checkpoint")
-    if args.out:
-        check_writable_file(args.out, "--out")
-    benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
-        args.checkpoint, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
-        budget="eval_total")
-    report = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
-    report.meta.update({"checkpoint": str(args.checkpoint), "split": args.split})
-    emit_report(report, args.out)
-    return 0
-
-
 def emit_report(report: Any, out: str | None) -> None:
     """A command's report: its JSON to ``out`` (when given), its table to the console."""
     if out:
@@ -348,6 +301,3 @@ def emit_report(report: Any, out: str | None) -> None:
     if out:
         print(f"wrote {out}", flush=True)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

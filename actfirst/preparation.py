@@ -1,6 +1,5 @@
-"""Build what a training run needs before it starts.
-
-    python -m actfirst.prepare --config configs/<benchmark>/<setting>.yaml [key=value ...]
+"""Build what a training run needs before it starts (``python -m actfirst.prepare``, and ``actfirst.run`` before it
+starts the ranks).
 
 - The reference cache (Appendix C.2) at ``references``, from every candidate we can produce: the benchmark's own
   (ScienceWorld gold paths, ALFWorld planner walkthroughs, WebShop's goal-derived paths), the files in
@@ -19,13 +18,11 @@ into place, so an interrupted preparation never leaves a half-written model or c
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,18 +32,19 @@ from actfirst.envs.benchmarks import Benchmark, get_benchmark
 from actfirst.eval_report import TEACHER_EVAL
 from actfirst.files import write_atomically
 from actfirst.models.tokenizers import check_tokenizers_match
-from actfirst.references import load_references, read_candidates
+from actfirst.reference_cache import load_references, read_candidates
 from actfirst.schema import load_config, paths_unchecked
-from actfirst.user_input import check_model_dir, check_writable_dir, command
+from actfirst.user_input import check_model_dir, check_writable_dir
 
 SFT_RECORD = "actfirst_sft.json"
 """How a built model was trained (losses, wall-clock, throughput), in its directory."""
 
 
-def load_prepare_config(config: str | None, overrides: list[str]) -> TrainConfig:
-    """A run config whose reference cache and built models may not exist yet (the paths prepare produces)."""
+def load_run_config(config: str | None, overrides: list[str]) -> TrainConfig:
+    """The run's config (``None``: the CPU demo's), whose reference cache and built models may not exist yet (the
+    paths preparation produces; :func:`ensure_prepared` builds them and then checks every path)."""
     with paths_unchecked():
-        return load_config(TrainConfig, config, overrides)
+        return load_config(TrainConfig, config or str(DEMO_CONFIG), overrides)
 
 
 def ensure_prepared(cfg: TrainConfig) -> dict[str, float]:
@@ -116,8 +114,6 @@ def check_inputs(cfg: TrainConfig, *, buildable: bool = False) -> None:
 # -- the reference cache ------------------------------------------------------------------------------------------
 
 
-
-
 def _engine_config(cfg: TrainConfig, model: str, need_tokens: int) -> EngineConfig:
     return dataclasses.replace(cfg.student, model=model, max_model_len=max(cfg.student.max_model_len, need_tokens),
                                max_num_batched_tokens=max(cfg.student.max_num_batched_tokens, need_tokens))
@@ -128,7 +124,7 @@ def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark) -> Path:
     from transformers import AutoTokenizer
 
     from actfirst.engine.core import ActFirstEngine
-    from actfirst.teacher_rollouts import teacher_candidates, write_candidates
+    from actfirst.teacher_candidates import teacher_candidates, write_candidates
 
     path = Path(f"{cfg.references}.teacher.jsonl")
     if path.is_file():
@@ -152,7 +148,7 @@ def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark) -> Path:
 
 def _build_references(cfg: TrainConfig, benchmark: Benchmark, candidate_files: list[str]) -> None:
     from actfirst.envs.workers import EnvPool
-    from actfirst.references import build_references
+    from actfirst.reference_cache import build_references
 
     tasks = cfg.training_tasks(benchmark)
     print(f"[prepare] reference cache for {len(tasks)} training tasks -> {cfg.references}", flush=True)
@@ -183,7 +179,7 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
     import torch
     from transformers import AutoModelForCausalLM
 
-    from actfirst.models.factory import build_model
+    from actfirst.models.build import build_model
     from actfirst.prompts import Mode
     from actfirst.train.sft import THOUGHTS, examples, sft
 
@@ -213,7 +209,7 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
 
 
 def _build_teacher(cfg: TrainConfig, build: BuildModelsConfig, benchmark: Benchmark, steps) -> None:
-    from actfirst.models.factory import environment_corpus
+    from actfirst.models.build import environment_corpus
     from actfirst.models.tokenizers import train_env_bpe_tokenizer
     from actfirst.train.sft import THOUGHTS, corpus
 
@@ -236,7 +232,7 @@ def evaluate_teacher(cfg: TrainConfig, benchmark: Benchmark) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from actfirst.engine.core import ActFirstEngine
-    from actfirst.eval import evaluate, pick_tasks
+    from actfirst.evaluation import evaluate, pick_tasks
 
     spec = cfg.evaluation
     if spec is None:
@@ -258,21 +254,3 @@ def evaluate_teacher(cfg: TrainConfig, benchmark: Benchmark) -> dict[str, Any]:
     write_atomically(Path(cfg.teacher) / TEACHER_EVAL, report.to_json())
     print(report.table(), flush=True)
     return report.summary()
-
-
-@command
-def main(argv: list[str] | None = None) -> int:
-    """Prepare what the config needs; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m actfirst.prepare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", default=None, help="a training config (default: the CPU demo's)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
-    cfg = load_prepare_config(args.config or str(DEMO_CONFIG), args.overrides)
-    timings = ensure_prepared(cfg)
-    done = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in timings.items()) or "nothing to do: everything exists"
-    print(f"[prepare] {done}; references {cfg.references}, teacher {cfg.teacher}, student {cfg.student.model}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,31 +6,24 @@ reference next observations, and ActFirst-OPD's reference-conditioned interactio
     report = await measure_quality(engine, tokenizer, benchmark, tasks, references=refs, rollout=cfg.rollout)
     print(report.table()); Path("quality.json").write_text(report.to_json())
 
-    python -m actfirst.rollout_quality --checkpoint DIR --config CFG [--tasks N] [--seed S] [--out report.json] \\
-        [--max-in-flight K] [key=value ...]       # overrides of the training config CFG
-
 Each strategy plays one episode per task: ``vanilla`` (think-then-act) executes its full response's action under the
-training thinking budget (B.3); ``no_id`` (direct action) executes next-action-prediction fast actions from the first
-turn; ``actfirst`` executes inverse-dynamics fast actions with the training transition checks and the persistent
-NAP fallback. No full response is generated for a fast action's context and nothing is scored or updated (the
-runner's ``full_responses=False``). Every request samples at temperature 1.0 and top-p 1.0 without top-k;
+training thinking budget (B.3); ``no_id`` (direct action) executes next-action-prediction fast actions from the
+first turn; ``actfirst`` executes inverse-dynamics fast actions with the training transition checks and the
+persistent NAP fallback. No full response is generated for a fast action's context and nothing is scored or updated
+(the runner's ``full_responses=False``). Every request samples at temperature 1.0 and top-p 1.0 without top-k;
 action-only requests stop at ``</action>`` or 512 generated tokens; an episode ends at the benchmark's turn limit.
-Task i's turn t samples its action with the same seed under every strategy, a function of (``--seed``, i, t) alone
-(``actfirst.eval.episode_seed``, ``actfirst.rollout.runner.matched_base``); the NAP request that replaces an invalid
-inverse-dynamics proposal (B.5) samples with a seed of its own.
+Task i's turn t samples its action with the same seed under every strategy, a function of (``seed``, i, t) alone
+(``actfirst.evaluation.episode_seed``, ``actfirst.rollout.runner.matched_base``); the NAP request that replaces an
+invalid inverse-dynamics proposal (B.5) samples with a seed of its own.
 
-The tasks are the config's training tasks, or ``--tasks N`` of them spread over the task types as
-``actfirst.eval.pick_tasks`` spreads them. The environment's state after every transition (``TextEnv.state``, as
-``Benchmark.state_source`` says: ALFWorld's positive facts, ScienceWorld's look-around and inventory text as a
-stand-in, each with the success flag) feeds the repetition rule of ``actfirst.quality_report``; benchmarks without
-a state (WebShop, Search) are refused. An episode whose worker died or whose environment raised counts as a failed
-task and is listed.
+The environment's state after every transition (``TextEnv.state``, as ``Benchmark.state_source`` says: ALFWorld's
+positive facts, ScienceWorld's look-around and inventory text as a stand-in, each with the success flag) feeds the
+repetition rule of ``actfirst.quality_report``; benchmarks without a state (WebShop, Search) are refused. An episode
+whose worker died or whose environment raised counts as a failed task and is listed.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import dataclasses
 import sys
 import time
@@ -38,10 +31,10 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from actfirst.config import ConfigError, RolloutConfig, TrainConfig
+from actfirst.config import RolloutConfig
 from actfirst.envs.base import Reference
-from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
-from actfirst.eval import MAX_TASKS, emit_report, episode_seed, pick_tasks, play_jobs, seed_stride, served
+from actfirst.envs.benchmarks import Benchmark
+from actfirst.evaluation import MAX_TASKS, episode_seed, play_jobs, seed_stride
 from actfirst.quality_report import (
     STRATEGY_LABELS,
     EpisodeTrace,
@@ -50,8 +43,6 @@ from actfirst.quality_report import (
     TraceTurn,
     unproductive_repetitions,
 )
-from actfirst.schema import load_config, paths_unchecked
-from actfirst.user_input import check_exists, check_model_dir, check_writable_file, command, positive_int
 
 if TYPE_CHECKING:
     from actfirst.rollout.runner import EpisodeResult
@@ -156,70 +147,3 @@ async def measure_quality(engine, tokenizer, benchmark: Benchmark, tasks: Sequen
             "wall_s": time.perf_counter() - started}
     episodes.sort(key=lambda e: (STRATEGIES.index(e.strategy), e.index))
     return QualityReport(benchmark=benchmark.name, strategies=list(STRATEGIES), episodes=episodes, meta=meta)
-
-
-# -- CLI -------------------------------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m actfirst.rollout_quality", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="the frozen student's Hugging Face directory")
-    parser.add_argument("--config", required=True, help="the training config (benchmark, tasks, references, budget)")
-    parser.add_argument("--tasks", type=int, default=0, help="N training tasks, round-robin over task types (0: all)")
-    parser.add_argument("--seed", type=int, default=42, help="base of the sampling seeds")
-    parser.add_argument("--out", help="write the JSON report here")
-    parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides of the training config")
-    return parser
-
-
-def load_inputs(args: argparse.Namespace) -> tuple[TrainConfig, Benchmark, list, dict[str, Reference]]:
-    """The config, benchmark, tasks and references of ``args``, every input checked before any engine starts
-    (``ConfigError`` naming the first that cannot be used). The teacher is not read, so its path is not checked."""
-    from actfirst.references import load_references
-
-    check_model_dir(args.checkpoint, "--checkpoint")
-    if args.out:
-        check_writable_file(args.out, "--out")
-    with paths_unchecked():
-        cfg = load_config(TrainConfig, args.config, args.overrides)
-    benchmark = get_benchmark(cfg.benchmark, cfg.env_config)
-    if benchmark.state_source is None:
-        raise ConfigError(f"benchmark={cfg.benchmark!r}: its environment exposes no state to compare (C.5); "
-                          f"rollout quality runs on {[n for n, b in BENCHMARKS.items() if b.state_source]}")
-    if cfg.references is None:
-        raise ConfigError("references=None: the actfirst strategy needs the reference cache")
-    check_exists(cfg.references, "references", "file")
-    tasks = pick_tasks(benchmark, cfg.training_tasks(benchmark), args.tasks)
-    references = load_references(cfg.references, benchmark=benchmark, tasks=[benchmark.task_key(t) for t in tasks])
-    return cfg, benchmark, tasks, references
-
-
-async def _main(args: argparse.Namespace, cfg: TrainConfig, benchmark: Benchmark, tasks: list,
-                references: dict[str, Reference]) -> QualityReport:
-    need = model_len_needed(quality_rollout_config(cfg.rollout, args.max_in_flight))
-    engine_cfg = dataclasses.replace(cfg.student, model=args.checkpoint,
-                                     max_model_len=max(cfg.student.max_model_len, need))
-    print(f"[quality {benchmark.name}] {len(tasks)} training tasks x {list(STRATEGIES)}, checkpoint "
-          f"{args.checkpoint}", flush=True)
-    async with served(engine_cfg, cfg.scheduler) as (engine, tokenizer):
-        return await measure_quality(engine, tokenizer, benchmark, tasks, references=references, rollout=cfg.rollout,
-                                     seed=args.seed, max_in_flight=args.max_in_flight)
-
-
-@command
-def main(argv: list[str] | None = None) -> int:
-    """Measure a checkpoint's rollout quality (every input checked before the engine starts); the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.seed < 0:
-        parser.error(f"--seed={args.seed}: must be >= 0")
-    cfg, benchmark, tasks, references = load_inputs(args)
-    report = asyncio.run(_main(args, cfg, benchmark, tasks, references))
-    report.meta.update({"checkpoint": str(args.checkpoint), "config": str(args.config)})
-    emit_report(report, args.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

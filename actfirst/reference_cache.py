@@ -1,27 +1,28 @@
 """Reference trajectories (Appendix C.2): one per training task, replayed and cached before training.
 
-    python -m actfirst.references build --benchmark scienceworld --out refs/scienceworld.jsonl
-    python -m actfirst.references build --benchmark alfworld --out refs/alfworld.jsonl --candidates teacher.jsonl
+::
+
+    with EnvPool(benchmark.env_spec(), size=4) as pool:
+        await build_references(benchmark, benchmark.tasks("train"), pool, out="refs/alfworld.jsonl")
+    references = load_references("refs/alfworld.jsonl", benchmark=benchmark)
 
 Candidates per task: the benchmark's own (``Benchmark.candidates``: the simulator's gold path on ScienceWorld, the
 planner's walkthrough stored with each ALFWorld game, the oracle solution built from each WebShop goal) and any
 JSONL of candidate action sequences (one ``{"task": <key>, "actions": [...]}`` per line, e.g. teacher rollouts;
 ``<key>`` as ``Benchmark.task_key`` prints it). Every candidate is replayed in full under the training environment
-configuration (``--config``, ``--set``); replays that ``Benchmark.accepts_reference`` (success; WebShop: any
-purchase with a positive score) are kept and the best by ``Benchmark.rank`` is selected (the fewest actions;
-WebShop: the highest score, then the fewest actions); ScienceWorld candidates are first shortened while their
-replay still succeeds.
+configuration; replays that ``Benchmark.accepts_reference`` (success; WebShop: any purchase with a positive score)
+are kept and the best by ``Benchmark.rank`` is selected (the fewest actions; WebShop: the highest score, then the
+fewest actions); ScienceWorld candidates are first shortened while their replay still succeeds.
 
 The cache is JSONL, one line per task, holding the actions and every observation o_1 ... o_{T+1} with the
 per-step information the transition checks need (ALFWorld admissible sets, ScienceWorld action templates, WebShop
 clickables); it holds no tokens, so it serves every student size. ``<out>.meta.json`` records the coverage. The
 build appends each finished task to ``<out>.partial`` as it goes (an interrupted build resumes from it) and
-publishes ``<out>`` only at 100% coverage, unless ``--allow-partial`` is given, which the metadata then records.
+publishes ``<out>`` only at 100% coverage, unless a partial cache is allowed, which the metadata then records.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import json
@@ -32,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from actfirst.envs.base import Reference, Transition
-from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, load_benchmark, select_tasks
+from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
 from actfirst.files import write_atomically
-from actfirst.user_input import ConfigError, check_writable_file, command, read_jsonl, read_text
+from actfirst.user_input import ConfigError, read_jsonl, read_text
 
 
 class PartialCacheError(ConfigError):
@@ -247,44 +248,3 @@ def _publish(benchmark: Benchmark, keys: list[str], done: dict[str, str], failed
     partial.unlink(missing_ok=True)
     print(f"wrote {out} ({len(covered)} references){' PARTIAL' if meta['coverage'] < 1.0 else ''}")
     return meta
-
-
-async def _build(args: argparse.Namespace) -> int:
-    benchmark = load_benchmark(args.benchmark, args.config, args.set)
-    tasks = select_tasks(benchmark, benchmark.tasks("train"), args.task_types, args.per_type)
-    read_candidates(args.candidates)  # a bad file is refused before any simulator starts
-    check_writable_file(args.out, "--out")
-    with EnvPool(benchmark.env_spec(), size=min(args.workers, max(1, len(tasks)))) as pool:
-        await build_references(benchmark, tasks, pool, out=args.out, candidate_files=args.candidates,
-                               shorten=not args.no_shorten, allow_partial=args.allow_partial)
-    return 0
-
-
-@command
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m actfirst.references", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="build a reference cache for a benchmark's training tasks")
-    build.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
-    build.add_argument("--out", required=True, help="cache path (JSONL); metadata goes to <out>.meta.json")
-    build.add_argument("--candidates", nargs="*", default=[], help="JSONL files of candidate action sequences")
-    build.add_argument("--workers", type=int, default=4, help="environment worker processes")
-    build.add_argument("--config", help="benchmark config (default configs/envs/<benchmark>.yaml)")
-    build.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                       help="config overrides, e.g. generated_dir=runs/games games_per_type=2 (ALFWorld)")
-    build.add_argument("--task-types", nargs="*",
-                       help="only training tasks of these types (ScienceWorld task types; ALFWorld Pick, Look, ...)")
-    build.add_argument("--per-type", type=int, default=0,
-                       help="only the first N training tasks of each type (0: all)")
-    build.add_argument("--no-shorten", action="store_true", help="ScienceWorld: skip candidate shortening")
-    build.add_argument("--allow-partial", action="store_true", help="publish a cache below 100%% coverage")
-    args = parser.parse_args(argv)
-    if args.workers < 1:
-        parser.error(f"--workers={args.workers}: must be >= 1")
-    if args.per_type < 0:
-        parser.error(f"--per-type={args.per_type}: must be >= 0")
-    return asyncio.run(_build(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

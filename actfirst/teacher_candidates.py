@@ -5,25 +5,21 @@
     candidates = await teacher_candidates(engine, tokenizer, benchmark, benchmark.tasks("train"), rollout=cfg.rollout)
     write_candidates("refs/teacher.jsonl", candidates)   # then: build_references(..., candidate_files=[...])
 
-    python -m actfirst.teacher_rollouts --teacher DIR --benchmark scienceworld --out refs/teacher.jsonl \\
-        [--per-task 10] [--tasks N] [--config ENVYAML] [key=value ...]   # rollout.*, engine.*, scheduler.* as eval
-
 The teacher, served by the same in-process engine class as the student, plays every task ``per_task`` times
 think-then-act (the ``vanilla`` strategy: each turn executes its full response's action) with the *training*
 thinking budget and ``rollout.temperature`` (C.2 names neither; these are the settings the candidates are replayed
-under). As in ``actfirst.eval``, up to ``max_in_flight`` episodes run at once on one engine and a pool of that many
-workers kept full, and episode (index, repeat) samples with seeds derived from (seed, index, repeat) alone, never
-from scheduling. The executed action sequences of the episodes that may become references are kept per task key,
-deduplicated, in repeat order (``Benchmark.accepts_reference``: success; WebShop: any purchase with a positive
+under). As in ``actfirst.evaluation``, up to ``max_in_flight`` episodes run at once on one engine and a pool of that
+many workers kept full, and episode (index, repeat) samples with seeds derived from (seed, index, repeat) alone,
+never from scheduling. The executed action sequences of the episodes that may become references are kept per task
+key, deduplicated, in repeat order (``Benchmark.accepts_reference``: success; WebShop: any purchase with a positive
 score, since C.2 ranks its candidates by score and then length); a task without one has no entry, and an episode
-whose worker died or whose environment raised counts as a failure. The JSONL written by ``write_candidates`` is
-what ``actfirst.references`` reads (``--candidates``); its candidates carry the source ``candidates:<file name>``.
+whose worker died or whose environment raised counts as a failure. The JSONL written by ``write_candidates`` is what
+``actfirst.reference_cache`` reads (``candidate_files``); its candidates carry the source
+``candidates:<file name>``.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import dataclasses
 import json
 import sys
@@ -33,20 +29,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
+from actfirst.config import RolloutConfig
 from actfirst.envs.benchmarks import Benchmark
-from actfirst.eval import (
-    MAX_TASKS,
-    check_fits,
-    episode_seed,
-    pick_tasks,
-    play_jobs,
-    seed_stride,
-    served,
-    serving_configs,
-)
+from actfirst.evaluation import MAX_TASKS, check_fits, episode_seed, play_jobs, seed_stride
 from actfirst.files import write_atomically
-from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
 
 MAX_REPEATS = 1 << 10
 """Rollout seeds leave room for this many repeats per task."""
@@ -59,7 +45,7 @@ def teacher_rollout_config(rollout: RolloutConfig, max_in_flight: int) -> Rollou
 
 def rollout_seed(seed: int, index: int, repeat: int, stride: int) -> int:
     """The base sampling seed of repeat ``repeat`` of task ``index``: a function of (seed, index, repeat) alone,
-    distinct for every triple (``actfirst.eval.episode_seed`` with one evaluation seed per (seed, repeat))."""
+    distinct for every triple (``actfirst.evaluation.episode_seed`` with one evaluation seed per (seed, repeat))."""
     if seed < 0:
         raise ValueError(f"seed={seed}: must be >= 0")
     if not 0 <= repeat < MAX_REPEATS:
@@ -134,7 +120,7 @@ async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Seq
 
 
 def write_candidates(path: str | Path, candidates: dict[str, list[list[str]]]) -> Path:
-    """Write ``candidates`` as the JSONL ``actfirst.references.read_candidates`` reads (one
+    """Write ``candidates`` as the JSONL ``actfirst.reference_cache.read_candidates`` reads (one
     ``{"task": key, "actions": [...]}`` per line), atomically; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,61 +128,3 @@ def write_candidates(path: str | Path, candidates: dict[str, list[list[str]]]) -
              for key, sequences in candidates.items() for actions in sequences]
     write_atomically(path, "".join(lines))
     return path
-
-
-# -- CLI -------------------------------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m actfirst.teacher_rollouts", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--teacher", required=True, help="the teacher's Hugging Face directory")
-    parser.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop"])
-    parser.add_argument("--out", required=True, help="candidate JSONL to write")
-    parser.add_argument("--split", default="train", choices=["train", "eval"])
-    parser.add_argument("--per-task", type=int, default=10, help="rollouts per task (C.2: ten)")
-    parser.add_argument("--tasks", type=int, default=0, help="N tasks, round-robin over task types (0: all)")
-    parser.add_argument("--seed", type=int, default=0, help="base of the sampling seeds")
-    parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
-    parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="env config overrides (max_turns=...); rollout.*, engine.*, scheduler.* override those "
-                             "configs (rollout.budget.total=..., rollout.temperature=..., engine.dtype=...)")
-    return parser
-
-
-async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
-                scheduler_cfg: SchedulerConfig) -> dict[str, list[list[str]]]:
-    tasks = pick_tasks(benchmark, benchmark.tasks(args.split), args.tasks)
-    print(f"[teacher {benchmark.name}] {len(tasks)} {args.split} tasks x {args.per_task} rollouts, teacher "
-          f"{args.teacher}", flush=True)
-    async with served(engine_cfg, scheduler_cfg) as (engine, tokenizer):
-        candidates = await teacher_candidates(engine, tokenizer, benchmark, tasks, per_task=args.per_task,
-                                              rollout=rollout, max_in_flight=args.max_in_flight, seed=args.seed)
-    print(f"[teacher {benchmark.name}] {len(candidates)}/{len(tasks)} tasks with a kept rollout, "
-          f"{sum(map(len, candidates.values()))} distinct sequences", flush=True)
-    return candidates
-
-
-@command
-def main(argv: list[str] | None = None) -> int:
-    """Play the teacher's rollouts and write the kept ones (every input checked first); the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not 1 <= args.per_task <= MAX_REPEATS:
-        parser.error(f"--per-task={args.per_task}: must be in [1, {MAX_REPEATS}]")
-    if args.max_in_flight < 1:
-        parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
-    if args.seed < 0:
-        parser.error(f"--seed={args.seed}: must be >= 0")
-    check_model_dir(args.teacher, "--teacher")
-    check_writable_file(args.out, "--out")
-    benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
-        args.teacher, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
-        budget="total")
-    candidates = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
-    print(f"wrote {write_candidates(args.out, candidates)}", flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

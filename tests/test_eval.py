@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from actfirst.config import ALFWorldConfig, EvaluationConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
 from actfirst.envs.alfworld_env import ALFWorldTask
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.eval import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
+from actfirst.evaluation import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
 from actfirst.eval_report import (
     EpisodeRecord,
     EvalReport,

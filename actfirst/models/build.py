@@ -1,19 +1,16 @@
 """Build small Qwen3-architecture models from a config and save them as ordinary Hugging Face directories.
 
 No weights can be downloaded here, so tests, the CPU demo and the CPU benchmark use models made by
-:func:`build_model` (config, ``model.safetensors``, tokenizer files, chat template)::
-
-    python -m actfirst.models.factory --out runs/models/tiny hidden_size=64 tokenizer=env-bpe
+:func:`build_model` (config, ``model.safetensors``, tokenizer files, chat template); ``python -m
+actfirst.models.factory`` builds one from the command line.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import importlib.resources
 import json
 import re
-import sys
 from pathlib import Path
 
 import torch
@@ -21,8 +18,6 @@ from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from actfirst.config import ModelConfig
 from actfirst.models.tokenizers import QWEN3_PADDED_VOCAB, build_qwen3_tokenizer, train_env_bpe_tokenizer
-from actfirst.schema import load_config
-from actfirst.user_input import check_writable_dir, command
 
 
 def environment_corpus() -> list[str]:
@@ -105,22 +100,3 @@ def build_model(cfg: ModelConfig, out: str | Path, tokenizer: PreTrainedTokenize
 
 def _plain(cfg: ModelConfig) -> dict:
     return {f: getattr(cfg, f) for f in cfg.__slots__}
-
-
-@command
-def main(argv: list[str] | None = None) -> int:
-    """Build a model from a ``ModelConfig`` into ``--out``; returns the exit status."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", help="YAML ModelConfig", default=None)
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of ModelConfig")
-    args = parser.parse_args(argv)
-    cfg = load_config(ModelConfig, args.config, args.overrides)
-    check_writable_dir(args.out, "--out")
-    path = build_model(cfg, args.out)
-    print(f"saved {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

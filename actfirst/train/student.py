@@ -39,7 +39,7 @@ from actfirst.parallel.context import reduce_max, reduce_sum
 from actfirst.parallel.fsdp import total_grad_norm
 from actfirst.train.head import LMHeadModel
 from actfirst.train.packing import MicroBatch, pack, pad_across_ranks
-from actfirst.train.sample import Sample
+from actfirst.sample import Sample
 
 
 def learning_rate(optim: OptimConfig, update: int, num_updates: int) -> float:

@@ -22,7 +22,7 @@ from actfirst.parallel.context import ParallelContext
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.train.head import LMHeadModel
 from actfirst.train.packing import pack, pad_across_ranks
-from actfirst.train.sample import Sample
+from actfirst.sample import Sample
 from actfirst.user_input import check_model_dir
 
 

@@ -55,7 +55,7 @@ from actfirst.engine.core import ActFirstEngine, RequestRecord, summarize_record
 from actfirst.engine.request import RequestKind, SamplingSpec
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
-from actfirst.eval import evaluate, merge_reports, pick_tasks
+from actfirst.evaluation import evaluate, merge_reports, pick_tasks
 from actfirst.eval_report import teacher_summary
 from actfirst.files import write_atomically
 from actfirst.kernels.dispatch import last_path
@@ -70,7 +70,7 @@ from actfirst.parallel.context import (
 )
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
-from actfirst.references import load_references
+from actfirst.reference_cache import load_references
 from actfirst.rollout.intervention import Intervention, InterventionRecord, intervention_metrics
 from actfirst.rollout.runner import RolloutBatch, RolloutRunner
 from actfirst.rollout.strategies import Guidance, make_strategy
@@ -81,7 +81,7 @@ from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, SessionClock, account, l
 from actfirst.train.head import LMHeadModel
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
 from actfirst.train.plots import WALL_CLOCK, plot_training_curve, read_records
-from actfirst.train.sample import Sample
+from actfirst.sample import Sample
 from actfirst.train.speedup import FIELDS as SPEEDUP_FIELDS
 from actfirst.train.speedup import EpisodeLatencies, batch_times, speedups
 from actfirst.train.state import load_training_checkpoint, save_training_checkpoint

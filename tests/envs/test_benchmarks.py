@@ -14,7 +14,7 @@ from actfirst.envs.benchmarks import BENCHMARKS, EnvSpec, config_path, get_bench
 from actfirst.envs.checks import SEARCH_MISMATCH_ALLOWED, CheckResult
 from actfirst.envs.scienceworld_tasks import SIMPLIFICATIONS, TASK_TYPES
 from actfirst.envs.workers import EnvPool
-from actfirst.references import build_references
+from actfirst.reference_cache import build_references
 from actfirst.schema import load_config
 
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None

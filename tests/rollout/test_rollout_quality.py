@@ -15,10 +15,10 @@ import pytest
 from actfirst.config import ALFWorldConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.eval import episode_seed, seed_stride
+from actfirst.evaluation import episode_seed, seed_stride
 from actfirst.rollout.runner import RolloutRunner
 from actfirst.rollout.strategies import make_strategy
-from actfirst.rollout_quality import STRATEGIES, measure_quality, quality_rollout_config
+from actfirst.quality import STRATEGIES, measure_quality, quality_rollout_config
 
 pytestmark = pytest.mark.engine
 

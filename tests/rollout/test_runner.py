@@ -21,7 +21,7 @@ from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld_tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
-from actfirst.references import replay
+from actfirst.reference_cache import replay
 from actfirst.rollout.runner import RolloutRunner, episode_samples
 from actfirst.rollout.strategies import ActionSource, make_strategy
 

@@ -1,0 +1,76 @@
+"""Teacher rollouts as reference candidates (Appendix C.2: "ten rollouts per training task" of the teacher).
+
+    python -m actfirst.teacher_rollouts --teacher DIR --benchmark scienceworld --out refs/teacher.jsonl \\
+        [--per-task 10] [--tasks N] [--config ENVYAML] [key=value ...]   # rollout.*, engine.*, scheduler.* as eval
+
+The command line over ``actfirst.teacher_candidates`` (how the teacher plays and what is kept: its docstring). The
+JSONL it writes is what ``python -m actfirst.references build --candidates`` reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
+from actfirst.envs.benchmarks import Benchmark
+from actfirst.evaluation import pick_tasks, served, serving_configs
+from actfirst.teacher_candidates import MAX_REPEATS, teacher_candidates, write_candidates
+from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m actfirst.teacher_rollouts``."""
+    parser = argparse.ArgumentParser(prog="python -m actfirst.teacher_rollouts", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--teacher", required=True, help="the teacher's Hugging Face directory")
+    parser.add_argument("--benchmark", required=True, choices=["alfworld", "scienceworld", "webshop"])
+    parser.add_argument("--out", required=True, help="candidate JSONL to write")
+    parser.add_argument("--split", default="train", choices=["train", "eval"])
+    parser.add_argument("--per-task", type=int, default=10, help="rollouts per task (C.2: ten)")
+    parser.add_argument("--tasks", type=int, default=0, help="N tasks, round-robin over task types (0: all)")
+    parser.add_argument("--seed", type=int, default=0, help="base of the sampling seeds")
+    parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
+    parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                        help="env config overrides (max_turns=...); rollout.*, engine.*, scheduler.* override those "
+                             "configs (rollout.budget.total=..., rollout.temperature=..., engine.dtype=...)")
+    return parser
+
+
+async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
+                scheduler_cfg: SchedulerConfig) -> dict[str, list[list[str]]]:
+    tasks = pick_tasks(benchmark, benchmark.tasks(args.split), args.tasks)
+    print(f"[teacher {benchmark.name}] {len(tasks)} {args.split} tasks x {args.per_task} rollouts, teacher "
+          f"{args.teacher}", flush=True)
+    async with served(engine_cfg, scheduler_cfg) as (engine, tokenizer):
+        candidates = await teacher_candidates(engine, tokenizer, benchmark, tasks, per_task=args.per_task,
+                                              rollout=rollout, max_in_flight=args.max_in_flight, seed=args.seed)
+    print(f"[teacher {benchmark.name}] {len(candidates)}/{len(tasks)} tasks with a kept rollout, "
+          f"{sum(map(len, candidates.values()))} distinct sequences", flush=True)
+    return candidates
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    """Play the teacher's rollouts and write the kept ones (every input checked first); the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 1 <= args.per_task <= MAX_REPEATS:
+        parser.error(f"--per-task={args.per_task}: must be in [1, {MAX_REPEATS}]")
+    if args.max_in_flight < 1:
+        parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
+    if args.seed < 0:
+        parser.error(f"--seed={args.seed}: must be >= 0")
+    check_model_dir(args.teacher, "--teacher")
+    check_writable_file(args.out, "--out")
+    benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
+        args.teacher, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
+        budget="total")
+    candidates = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
+    print(f"wrote {write_candidates(args.out, candidates)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
