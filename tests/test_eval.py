@@ -19,7 +19,6 @@ from transformers import AutoTokenizer
 from actfirst.config import ALFWorldConfig, EvaluationConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
 from actfirst.envs.alfworld_env import ALFWorldTask
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.evaluation import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
 from actfirst.eval_report import (
     EpisodeRecord,
     EvalReport,
@@ -30,6 +29,7 @@ from actfirst.eval_report import (
     sr_change,
     wilson_interval,
 )
+from actfirst.evaluation import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
 
 MAX_TURNS = 2
 # Training budget 8/12 tokens, evaluation budget 24/32: an evaluation response can exceed the training total.

@@ -37,8 +37,8 @@ from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.response_format import ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE, THINK_OPEN
 from actfirst.prompts import Mode, Step, build_prompt, render
 from actfirst.reference_cache import replay
-from actfirst.train.packing import final_hidden, pack
 from actfirst.sample import Sample
+from actfirst.train.packing import final_hidden, pack
 
 ALL_MODES = (Mode.FULL_RESPONSE, Mode.NEXT_ACTION, Mode.INVERSE_DYNAMICS)
 

@@ -16,9 +16,9 @@ from actfirst.config import ALFWorldConfig, RolloutConfig, SchedulerConfig, Thin
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.evaluation import episode_seed, seed_stride
+from actfirst.quality import STRATEGIES, measure_quality, quality_rollout_config
 from actfirst.rollout.runner import RolloutRunner
 from actfirst.rollout.strategies import make_strategy
-from actfirst.quality import STRATEGIES, measure_quality, quality_rollout_config
 
 pytestmark = pytest.mark.engine
 
