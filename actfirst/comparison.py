@@ -394,4 +394,3 @@ def _pm(stat: dict[str, Any] | None, spec: str = ".1f") -> str:
     if not stat or _missing(stat.get("mean")):
         return "n/a"
     return f"{stat['mean']:{spec}} ± {_fmt(stat.get('sd'), spec)}"
-

@@ -300,4 +300,3 @@ def emit_report(report: Any, out: str | None) -> None:
     print(report.table(), flush=True)
     if out:
         print(f"wrote {out}", flush=True)
-
