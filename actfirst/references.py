@@ -3,250 +3,21 @@
     python -m actfirst.references build --benchmark scienceworld --out refs/scienceworld.jsonl
     python -m actfirst.references build --benchmark alfworld --out refs/alfworld.jsonl --candidates teacher.jsonl
 
-Candidates per task: the benchmark's own (``Benchmark.candidates``: the simulator's gold path on ScienceWorld, the
-planner's walkthrough stored with each ALFWorld game, the oracle solution built from each WebShop goal) and any
-JSONL of candidate action sequences (one ``{"task": <key>, "actions": [...]}`` per line, e.g. teacher rollouts;
-``<key>`` as ``Benchmark.task_key`` prints it). Every candidate is replayed in full under the training environment
-configuration (``--config``, ``--set``); replays that ``Benchmark.accepts_reference`` (success; WebShop: any
-purchase with a positive score) are kept and the best by ``Benchmark.rank`` is selected (the fewest actions;
-WebShop: the highest score, then the fewest actions); ScienceWorld candidates are first shortened while their
-replay still succeeds.
-
-The cache is JSONL, one line per task, holding the actions and every observation o_1 ... o_{T+1} with the
-per-step information the transition checks need (ALFWorld admissible sets, ScienceWorld action templates, WebShop
-clickables); it holds no tokens, so it serves every student size. ``<out>.meta.json`` records the coverage. The
-build appends each finished task to ``<out>.partial`` as it goes (an interrupted build resumes from it) and
-publishes ``<out>`` only at 100% coverage, unless ``--allow-partial`` is given, which the metadata then records.
+The command line over ``actfirst.reference_cache`` (the candidates, their selection and the cache: its docstring).
+Every candidate is replayed under the environment configuration ``--config`` and ``--set`` give; ``--allow-partial``
+publishes a cache below 100% coverage, which its metadata then records.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
-import json
 import sys
-import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-from actfirst.envs.base import Reference, Transition
-from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, load_benchmark, select_tasks
-from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
-from actfirst.files import write_atomically
-from actfirst.user_input import ConfigError, check_writable_file, command, read_jsonl, read_text
-
-
-class PartialCacheError(ConfigError):
-    """A reference cache does not cover every task (and partial use was not asked for)."""
-
-
-async def replay(worker: EnvWorker, task: Any, actions: Sequence[str]) -> tuple[list[str], list[Transition]]:
-    """Execute ``actions`` from a reset; stops at termination. Returns the executed actions and o_1..o_{T+1}."""
-    transitions = [await worker.areset(task)]
-    executed = []
-    for action in actions:
-        if transitions[-1].done:
-            break
-        transitions.append(await worker.astep(action))
-        executed.append(action)
-    return executed, transitions
-
-
-def read_candidates(paths: Sequence[str | Path], key: str = "--candidates") -> dict[str, list[tuple[str, list[str]]]]:
-    """Candidate action sequences by task key from JSONL files; a missing file or malformed line is refused naming
-    ``key``, the file and the line."""
-    out: dict[str, list[tuple[str, list[str]]]] = {}
-    for path in paths:
-        for n, row in read_jsonl(path, key):
-            actions = row.get("actions")
-            if "task" not in row or not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
-                raise ConfigError(f"{key}={str(path)!r}: line {n} is not a candidate (want {{\"task\": <key>, "
-                                  f"\"actions\": [<string>, ...]}}): {json.dumps(row)[:120]}")
-            out.setdefault(str(row["task"]), []).append((f"candidates:{Path(path).name}", actions))
-    return out
-
-
-async def build_one(benchmark: Benchmark, worker: EnvWorker, task: Any, candidates: list[tuple[str, list[str]]],
-                    shorten: bool) -> Reference | None:
-    """Replay the benchmark's own and the given candidates of ``task``; the selected reference, or None when none
-    succeeds. ``shorten``: shorten candidates where the benchmark does (C.2)."""
-    best = None
-    for source, actions in await benchmark.candidates(worker, task) + candidates:
-        executed, transitions = await replay(worker, task, actions)
-        if not benchmark.accepts_reference(transitions[-1]):
-            continue
-        valid_only = [a for a, t in zip(executed, transitions[1:]) if t.valid]
-        if len(valid_only) < len(executed):  # e.g. ScienceWorld gold paths' "open door" no-ops (B.5 validity)
-            trial, trial_transitions = await replay(worker, task, valid_only)
-            if benchmark.accepts_reference(trial_transitions[-1]):
-                executed, transitions = trial, trial_transitions
-        if shorten and benchmark.shortens_candidates:
-            shortened = await benchmark.shorten(worker, task, executed)
-            if shortened != executed:
-                executed, transitions = await replay(worker, task, shortened)
-                if not benchmark.accepts_reference(transitions[-1]):
-                    continue
-        ref = Reference(benchmark.task_key(task), executed, [benchmark.slim(t) for t in transitions], source)
-        if best is None or benchmark.rank(ref) < benchmark.rank(best):
-            best = ref
-    return best
-
-
-def load_references(path: str | Path, *, benchmark: Benchmark | None = None, tasks: Sequence[str] = (),
-                    allow_partial: bool = False, key: str = "references") -> dict[str, Reference]:
-    """A cache by task key. Refused (:class:`ConfigError` naming ``key`` and the path): a missing file or metadata, a
-    malformed line, a cache of another benchmark or benchmark config than ``benchmark``'s, coverage below 100%
-    (unless ``allow_partial``: :class:`PartialCacheError`), and a cache without a reference for one of ``tasks``."""
-    what = f"{key}={str(path)!r}"
-    if not Path(f"{path}.meta.json").is_file():
-        raise ConfigError(f"{what}: no {Path(path).name}.meta.json beside it: not a cache written by "
-                          f"python -m actfirst.references build (or actfirst.prepare)")
-    meta = json.loads(read_text(f"{path}.meta.json", f"{key} metadata"))
-    if benchmark is not None:
-        _check_cache_of(meta, benchmark, what)
-    if meta["coverage"] < 1.0 and not allow_partial:
-        raise PartialCacheError(f"{what}: coverage {meta['coverage']:.1%} ({meta['covered']}/{meta['tasks']}), "
-                                f"missing {meta['missing'][:10]}; pass allow_partial=True to use it anyway")
-    refs = {}
-    for n, row in read_jsonl(path, key):
-        try:
-            ref = Reference.from_dict(row)
-        except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"{what}: line {n} is not a reference ({type(e).__name__}: {e})") from None
-        refs[ref.task] = ref
-    missing = [t for t in tasks if t not in refs]
-    if missing:
-        raise ConfigError(f"{what}: no reference for {len(missing)} of the {len(tasks)} training tasks, e.g. "
-                          f"{missing[:5]}")
-    return refs
-
-
-def transition_config(config: Any) -> dict[str, Any]:
-    """A benchmark config as a cache's metadata records it: the keys that shape a training task's transitions (its
-    ``EVALUATION_ONLY`` keys left out), as JSON values."""
-    skip = _evaluation_only(config)
-    return {k: v for k, v in json.loads(json.dumps(dataclasses.asdict(config))).items() if k not in skip}
-
-
-def _evaluation_only(config: Any) -> tuple[str, ...]:
-    return getattr(type(config), "EVALUATION_ONLY", ())
-
-
-def _check_cache_of(meta: dict[str, Any], benchmark: Benchmark, what: str) -> None:
-    """The cache's metadata must name ``benchmark`` and its config (every key of the run's config that the cache
-    recorded, with the same value)."""
-    if meta.get("benchmark") != benchmark.name:
-        raise ConfigError(f"{what}: a cache of benchmark {meta.get('benchmark')!r}, not of {benchmark.name!r}")
-    ours = transition_config(benchmark.config)
-    theirs = {k: v for k, v in meta.get("config", {}).items() if k not in _evaluation_only(benchmark.config)}
-    differ = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
-    if differ:
-        k = differ[0]
-        raise ConfigError(f"{what}: built under another {benchmark.name} config ({len(differ)} key(s) differ, e.g. "
-                          f"{k}: cache {theirs.get(k)!r}, run {ours.get(k)!r}); rebuild it or point references at "
-                          f"this config's cache")
-
-
-async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: EnvPool, *, out: str | Path,
-                           candidate_files: Sequence[str | Path] = (), shorten: bool = True,
-                           allow_partial: bool = False) -> dict[str, Any]:
-    """Build the reference cache of ``tasks`` at ``out`` with the workers of ``pool`` (which must run
-    ``benchmark.env_spec()``); returns the metadata written to ``<out>.meta.json``.
-
-    Finished tasks go to ``<out>.partial`` as they finish, and a rerun resumes from it. Below 100% coverage nothing
-    is published and ``PartialCacheError`` is raised, unless ``allow_partial``.
-    """
-    spec = benchmark.env_spec()
-    wrong = [w.spec for w in pool.workers if w.spec != spec]
-    if wrong:
-        raise ValueError(f"pool: its workers run {wrong[0]}, not the benchmark's configured {spec}")
-    keys = [benchmark.task_key(t) for t in tasks]
-    if len(set(keys)) != len(keys):
-        raise ValueError("task keys are not unique; check the task set")
-    candidates = read_candidates(candidate_files)
-    unknown = sorted(set(candidates) - set(keys))
-    if unknown:
-        print(f"warning: candidates for {len(unknown)} tasks outside the task set ignored, e.g. {unknown[:3]}",
-              file=sys.stderr)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(f"{out}.partial")
-    done = _resume_partial(partial, len(tasks))
-    failed: dict[str, str] = {}
-    queue: asyncio.Queue = asyncio.Queue()
-    for task, key in zip(tasks, keys):
-        if key not in done:
-            queue.put_nowait(task)
-    start, finished = time.monotonic(), 0
-
-    async def run(worker: EnvWorker) -> None:
-        nonlocal finished
-        with partial.open("a") as sink:
-            while not queue.empty():
-                task = queue.get_nowait()
-                key = benchmark.task_key(task)
-                try:
-                    ref = await build_one(benchmark, worker, task, candidates.get(key, []), shorten)
-                except WorkerDied as e:
-                    failed[key] = f"worker died: {e}"
-                    continue
-                finished += 1
-                if ref is None:
-                    failed[key] = "no candidate replayed successfully"
-                else:
-                    line = ref.to_json()
-                    sink.write(line + "\n")
-                    sink.flush()
-                    done[key] = line
-                rate = finished / (time.monotonic() - start)
-                print(f"[{len(done)}/{len(tasks)}] {key}: "
-                      f"{'FAILED' if ref is None else f'{len(ref.actions)} actions ({ref.source})'}"
-                      f" | {rate:.2f} tasks/s", flush=True)
-
-    await asyncio.gather(*(run(w) for w in pool.workers))
-    return _publish(benchmark, keys, done, failed, out, partial, candidate_files=candidate_files, shorten=shorten,
-                    allow_partial=allow_partial)
-
-
-def _resume_partial(partial: Path, total: int) -> dict[str, str]:
-    """The finished tasks' cache lines of an interrupted build, by task key (a line cut by the interruption goes)."""
-    done: dict[str, str] = {}
-    if not partial.exists():
-        return done
-    for line in partial.read_text().splitlines():
-        if line.strip():
-            try:
-                done[json.loads(line)["task"]] = line
-            except json.JSONDecodeError:  # a line cut by an interruption
-                pass
-    write_atomically(partial, "".join(line + "\n" for line in done.values()))
-    print(f"resuming: {len(done)} of {total} tasks already in {partial}")
-    return done
-
-
-def _publish(benchmark: Benchmark, keys: list[str], done: dict[str, str], failed: dict[str, str], out: Path,
-             partial: Path, *, candidate_files: Sequence[str | Path], shorten: bool,
-             allow_partial: bool) -> dict[str, Any]:
-    """Write ``<out>.meta.json`` and ``out`` (at 100% coverage, or below with ``allow_partial``) and drop the
-    partial file; returns the metadata."""
-    covered = [k for k in keys if k in done]
-    meta = {"benchmark": benchmark.name, "config": transition_config(benchmark.config), "tasks": len(keys),
-            "covered": len(covered), "coverage": len(covered) / max(1, len(keys)),
-            "missing": [k for k in keys if k not in done], "failures": failed,
-            "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "shortened": benchmark.shortens_candidates and shorten,
-            "candidate_files": [str(p) for p in candidate_files]}
-    print(f"coverage {meta['coverage']:.1%} ({len(covered)}/{len(keys)})")
-    if meta["coverage"] < 1.0 and not allow_partial:
-        raise PartialCacheError(f"{len(keys) - len(covered)} tasks have no successful candidate (e.g. "
-                                f"{meta['missing'][:5]}); {out} not written. Add candidates and rerun to resume "
-                                f"from {partial}, or allow a partial cache (--allow-partial).")
-    write_atomically(Path(f"{out}.meta.json"), json.dumps(meta, indent=1))
-    write_atomically(out, "".join(done[k] + "\n" for k in covered))
-    partial.unlink(missing_ok=True)
-    print(f"wrote {out} ({len(covered)} references){' PARTIAL' if meta['coverage'] < 1.0 else ''}")
-    return meta
+from actfirst.envs.benchmarks import BENCHMARKS, load_benchmark, select_tasks
+from actfirst.envs.workers import EnvPool
+from actfirst.reference_cache import build_references, read_candidates
+from actfirst.user_input import check_writable_file, command
 
 
 async def _build(args: argparse.Namespace) -> int:
@@ -262,6 +33,7 @@ async def _build(args: argparse.Namespace) -> int:
 
 @command
 def main(argv: list[str] | None = None) -> int:
+    """Build a reference cache (every input checked before any simulator starts); returns the exit status."""
     parser = argparse.ArgumentParser(prog="python -m actfirst.references", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     build = sub.add_parser("build", help="build a reference cache for a benchmark's training tasks")

@@ -32,7 +32,7 @@ _CHECK_PATHS: contextvars.ContextVar[bool] = contextvars.ContextVar("actfirst_ch
 
 @contextlib.contextmanager
 def paths_unchecked():
-    """Build configs whose input paths need not exist yet (``actfirst.prepare`` makes them; it then calls
+    """Build configs whose input paths need not exist yet (``actfirst.preparation`` makes them; it then calls
     :func:`check_paths`)."""
     token = _CHECK_PATHS.set(False)
     try:

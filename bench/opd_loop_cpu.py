@@ -30,8 +30,8 @@ from actfirst.config import ModelConfig, TrainConfig
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
-from actfirst.models.factory import build_model
-from actfirst.references import build_references
+from actfirst.models.build import build_model
+from actfirst.reference_cache import build_references
 from actfirst.schema import load_config
 from actfirst.train.trainer import train
 from actfirst.user_input import check_writable_dir, command

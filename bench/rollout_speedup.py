@@ -37,7 +37,7 @@ from speedup_contexts import alfworld_contexts  # noqa: E402
 from actfirst.config import ModelConfig, RolloutSpeedupConfig, SchedulerConfig  # noqa: E402
 from actfirst.engine.core import ActFirstEngine, summarize_records  # noqa: E402
 from actfirst.engine.request import RequestKind, SamplingSpec  # noqa: E402
-from actfirst.models.factory import build_model, environment_corpus  # noqa: E402
+from actfirst.models.build import build_model, environment_corpus  # noqa: E402
 from actfirst.schema import load_config, paths_unchecked, to_dict  # noqa: E402
 from actfirst.user_input import check_model_dir, check_writable_dir, command  # noqa: E402
 

@@ -82,7 +82,7 @@ def qwen3(shape: str, dtype: torch.dtype, device: torch.device, seed: int) -> to
 
 def batch(args: argparse.Namespace, rank: int, world: int, vocab: int) -> list:
     """This rank's share of a random batch of the paper's shape (the same global batch whatever the ranks)."""
-    from actfirst.train.sample import Sample
+    from actfirst.sample import Sample
 
     gen = torch.Generator().manual_seed(args.seed)
     out = []

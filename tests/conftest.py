@@ -14,7 +14,7 @@ import torch  # noqa: E402
 
 from actfirst.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from actfirst.engine.core import ActFirstEngine  # noqa: E402
-from actfirst.models.factory import build_model  # noqa: E402
+from actfirst.models.build import build_model  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -13,15 +13,14 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from actfirst.compare import (
+from actfirst.compare import main, parse_args
+from actfirst.comparison import (
     BOOTSTRAP_RESAMPLES,
     COMPARISON_SIZE,
     METHODS,
     comparison_rows,
     comparison_table,
-    main,
     mean_curve,
-    parse_args,
     plot_comparison,
     run_row,
     speedup_interval,
@@ -361,8 +360,8 @@ def stand_ins(monkeypatch):
         write_run(Path(cfg.out_dir), wall=wall, transitions=400, evals=[(4, wall, [2, 3])], updates=cfg.num_updates)
         save_config(cfg)
 
-    monkeypatch.setitem(sys.modules, "actfirst.run", types.SimpleNamespace(load_run_config=stand_in_load_run_config))
-    monkeypatch.setitem(sys.modules, "actfirst.prepare", types.SimpleNamespace(
+    monkeypatch.setitem(sys.modules, "actfirst.preparation", types.SimpleNamespace(
+        load_run_config=stand_in_load_run_config,
         check_inputs=lambda cfg, buildable: calls.append(("check", cfg.strategy, cfg.seed)),
         ensure_prepared=lambda cfg: calls.append(("prepare", cfg.strategy, cfg.seed))))
     import actfirst.eval_report

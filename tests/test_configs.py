@@ -167,7 +167,7 @@ def test_demo_config_builds_its_models_from_nothing():
     ``paths_unchecked`` and names what prepare builds; the task set evaluates held-out variations of the trained
     types, at least 64 sampled episodes per evaluation."""
     from actfirst.config import DEMO_CONFIG
-    from actfirst.run import load_run_config
+    from actfirst.preparation import load_run_config
 
     cfg = load_run_config(None, [])
     assert Path(DEMO_CONFIG).is_file()
@@ -197,7 +197,7 @@ def test_demo_config_builds_its_models_from_nothing():
 ])
 def test_bad_values_are_refused_by_name(override, named):
     """Also where preparation may still build the paths (``paths_unchecked``): an empty path is never a path."""
-    from actfirst.run import load_run_config
+    from actfirst.preparation import load_run_config
 
     with pytest.raises(ConfigError) as err:
         load_run_config(None, [override])
@@ -205,7 +205,7 @@ def test_bad_values_are_refused_by_name(override, named):
 
 
 def test_sleep_needs_an_engine_that_is_idle_during_the_update():
-    from actfirst.run import load_run_config
+    from actfirst.preparation import load_run_config
 
     with pytest.raises(ConfigError, match=r"student.sleep_level=2: needs overlap: false"):
         load_run_config(None, ["student.sleep_level=2", "overlap=true"])

@@ -20,7 +20,6 @@ from actfirst.config import EvaluationConfig, RolloutConfig, SchedulerConfig, Th
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.alfworld.env import ALFWorldTask
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.eval import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
 from actfirst.eval_report import (
     EpisodeRecord,
     EvalReport,
@@ -31,6 +30,7 @@ from actfirst.eval_report import (
     sr_change,
     wilson_interval,
 )
+from actfirst.evaluation import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
 
 MAX_TURNS = 2
 # Training budget 8/12 tokens, evaluation budget 24/32: an evaluation response can exceed the training total.

@@ -13,7 +13,8 @@ from actfirst.envs.checks import normalize_text
 from actfirst.envs.scienceworld.checks import normalize_scienceworld_observation
 from actfirst.envs.scienceworld.env import ScienceWorldTextEnv
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
-from actfirst.references import PartialCacheError, load_references, main, read_candidates
+from actfirst.reference_cache import PartialCacheError, load_references, read_candidates
+from actfirst.references import main
 
 SW_ARGS = ["build", "--benchmark", "scienceworld", "--task-types", "find-non-living-thing", "lifespan-longest-lived",
            "--per-type", "2", "--workers", "2"]

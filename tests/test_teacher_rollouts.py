@@ -27,9 +27,9 @@ from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
-from actfirst.references import read_candidates, replay
+from actfirst.reference_cache import read_candidates, replay
 from actfirst.rollout.runner import EpisodeResult, RolloutRunner
-from actfirst.teacher_rollouts import MAX_REPEATS, rollout_seed, teacher_candidates, write_candidates
+from actfirst.teacher_candidates import MAX_REPEATS, rollout_seed, teacher_candidates, write_candidates
 
 pytestmark = pytest.mark.engine
 

@@ -298,8 +298,7 @@ def test_alfworld_games_an_out_under_a_file(capsys, tmp_path):
 
 def test_the_demo_inputs_pass_every_check(tmp_path):
     """The checks refuse nothing a working run uses (the demo's teacher as the student: same tokenizer)."""
-    from actfirst.prepare import check_inputs
-    from actfirst.run import load_run_config
+    from actfirst.preparation import check_inputs, load_run_config
 
     check_inputs(load_run_config(None, [f"student.model={TEACHER}", f"out_dir={tmp_path / 'run'}"]))
     assert not (tmp_path / "run").exists()

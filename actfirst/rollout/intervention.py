@@ -60,7 +60,7 @@ from actfirst.engine.core import ActFirstEngine
 from actfirst.envs.response_format import ResponseFormat
 from actfirst.rollout.budget import FullResponse, generate_full_response
 from actfirst.rollout.strategies import UOPDConfig
-from actfirst.train.teacher import TeacherScorer
+from actfirst.sample import SampleScorer
 
 
 @dataclasses.dataclass(slots=True)
@@ -113,7 +113,7 @@ class Intervention:
     """One rank's UOPD state: the score buffer D_n, the schedule, the teacher's engine and scorer."""
 
     def __init__(self, cfg: UOPDConfig, *, rollout: RolloutConfig, teacher_engine: ActFirstEngine,
-                 scorer: TeacherScorer, tokenizer: Any, num_updates: int, seed: int) -> None:
+                 scorer: SampleScorer, tokenizer: Any, num_updates: int, seed: int) -> None:
         self.cfg, self.rollout = cfg, rollout
         self.teacher_engine, self.scorer, self.tokenizer = teacher_engine, scorer, tokenizer
         self.num_updates = num_updates

@@ -51,7 +51,7 @@ from actfirst.rollout.actions import FastAction, generate_fast_action
 from actfirst.rollout.budget import FullResponse, generate_full_response
 from actfirst.rollout.intervention import Intervention, InterventionRecord
 from actfirst.rollout.strategies import ActionSource, Guidance, RolloutStrategy
-from actfirst.train.sample import Sample
+from actfirst.sample import Sample
 
 
 @dataclasses.dataclass(slots=True)

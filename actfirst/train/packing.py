@@ -18,7 +18,7 @@ import dataclasses
 import torch
 
 from actfirst.parallel.context import reduce_max
-from actfirst.train.sample import Sample
+from actfirst.sample import Sample
 
 # The attention implementations whose masks honour position_ids restarts (transformers 5.x masking_utils).
 PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",

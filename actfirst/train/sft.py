@@ -36,9 +36,9 @@ from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.response_format import ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE, THINK_OPEN
 from actfirst.prompts import Mode, Step, build_prompt, render
-from actfirst.references import replay
+from actfirst.reference_cache import replay
+from actfirst.sample import Sample
 from actfirst.train.packing import final_hidden, pack
-from actfirst.train.sample import Sample
 
 ALL_MODES = (Mode.FULL_RESPONSE, Mode.NEXT_ACTION, Mode.INVERSE_DYNAMICS)
 

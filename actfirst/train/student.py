@@ -37,9 +37,9 @@ from actfirst.config import LossConfig, OptimConfig
 from actfirst.kernels.dispatch import logprob_gather, ppo_loss_from_hidden
 from actfirst.parallel.context import reduce_max, reduce_sum
 from actfirst.parallel.fsdp import total_grad_norm
+from actfirst.sample import Sample
 from actfirst.train.head import LMHeadModel
 from actfirst.train.packing import MicroBatch, pack, pad_across_ranks
-from actfirst.train.sample import Sample
 
 
 def learning_rate(optim: OptimConfig, update: int, num_updates: int) -> float:

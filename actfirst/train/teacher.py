@@ -20,9 +20,9 @@ from actfirst.kernels.dispatch import logprob_gather
 from actfirst.models.tokenizers import check_same_tokenizer
 from actfirst.parallel.context import ParallelContext
 from actfirst.parallel.fsdp import apply_fsdp
+from actfirst.sample import Sample
 from actfirst.train.head import LMHeadModel
 from actfirst.train.packing import pack, pad_across_ranks
-from actfirst.train.sample import Sample
 from actfirst.user_input import check_model_dir
 
 

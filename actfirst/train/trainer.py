@@ -55,8 +55,8 @@ from actfirst.engine.core import ActFirstEngine, RequestRecord, summarize_record
 from actfirst.engine.request import RequestKind, SamplingSpec
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
-from actfirst.eval import evaluate, merge_reports, pick_tasks
 from actfirst.eval_report import teacher_summary
+from actfirst.evaluation import evaluate, merge_reports, pick_tasks
 from actfirst.files import write_atomically
 from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
@@ -70,10 +70,11 @@ from actfirst.parallel.context import (
 )
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
-from actfirst.references import load_references
+from actfirst.reference_cache import load_references
 from actfirst.rollout.intervention import Intervention, InterventionRecord, intervention_metrics
 from actfirst.rollout.runner import RolloutBatch, RolloutRunner
 from actfirst.rollout.strategies import make_strategy
+from actfirst.sample import Sample
 from actfirst.schema import config_json, to_dict
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics
@@ -81,7 +82,6 @@ from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, RunClock, account
 from actfirst.train.head import LMHeadModel
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
 from actfirst.train.plots import WALL_CLOCK, plot_training_curve, read_records
-from actfirst.train.sample import Sample
 from actfirst.train.speedup import FIELDS as SPEEDUP_FIELDS
 from actfirst.train.speedup import EpisodeLatencies, batch_times, speedups
 from actfirst.train.state import load_training_checkpoint, save_training_checkpoint

@@ -143,7 +143,7 @@ def tied_reload_error(model_root: str) -> float:
     tied embeddings."""
     from actfirst.config import EngineConfig, ModelConfig
     from actfirst.engine.core import ActFirstEngine
-    from actfirst.models.factory import build_model
+    from actfirst.models.build import build_model
 
     model_dir = build_model(ModelConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                                         num_key_value_heads=1, head_dim=32, intermediate_size=128,

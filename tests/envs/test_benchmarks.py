@@ -19,7 +19,7 @@ from actfirst.envs.scienceworld.tasks import SIMPLIFICATIONS, TASK_TYPES
 from actfirst.envs.webshop.checks import SEARCH_MISMATCH_ALLOWED
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.workers import EnvPool
-from actfirst.references import build_references
+from actfirst.reference_cache import build_references
 from actfirst.schema import load_config
 from actfirst.user_input import ConfigError
 

@@ -198,7 +198,7 @@ def test_fast_action_strategies_refused_up_front(tmp_path):
 def test_tiny_model_evaluation_episode(config, engine, tiny_model_dir):
     """One end-to-end evaluation on the real engine: the random tiny model writes no tags, so every turn is invalid
     and the episode gets the forced-answer turn: 3 turns at max_turns=2, stop strings passed to the engine."""
-    from actfirst.eval import evaluate
+    from actfirst.evaluation import evaluate
 
     engine.reconfigure(SchedulerConfig(b_max=4))
     benchmark = get_benchmark("search", SearchConfig(retrieval_url=config.retrieval_url, max_turns=2,

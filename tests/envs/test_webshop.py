@@ -39,7 +39,7 @@ from actfirst.envs.webshop.env import (
     webshop_split,
 )
 from actfirst.envs.workers import EnvPool
-from actfirst.references import load_references, replay, transition_config
+from actfirst.reference_cache import load_references, replay, transition_config
 from actfirst.user_input import ConfigError
 
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None

@@ -16,10 +16,10 @@ from actfirst.config import RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.eval import episode_seed, seed_stride
+from actfirst.evaluation import episode_seed, seed_stride
+from actfirst.quality import STRATEGIES, measure_quality, quality_rollout_config
 from actfirst.rollout.runner import RolloutRunner
 from actfirst.rollout.strategies import make_strategy
-from actfirst.rollout_quality import STRATEGIES, measure_quality, quality_rollout_config
 
 pytestmark = pytest.mark.engine
 

@@ -19,7 +19,7 @@ from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
-from actfirst.references import replay
+from actfirst.reference_cache import replay
 from actfirst.rollout.runner import RolloutRunner, episode_samples
 from actfirst.rollout.strategies import ActionSource, TCODConfig, UOPDConfig, make_strategy
 

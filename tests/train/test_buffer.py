@@ -3,7 +3,7 @@
 import pytest
 
 from actfirst.train.buffer import SampleBuffer
-from actfirst.train.sample import Sample
+from actfirst.sample import Sample
 
 
 def sample(version: int, tag: int) -> Sample:

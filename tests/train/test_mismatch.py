@@ -9,7 +9,7 @@ from transformers import AutoTokenizer, Qwen3ForCausalLM
 from actfirst.config import LossConfig, OptimConfig, SchedulerConfig
 from actfirst.engine.request import RequestKind, SamplingSpec
 from actfirst.train.head import LMHeadModel
-from actfirst.train.sample import Sample
+from actfirst.sample import Sample
 from actfirst.train.student import StudentUpdater
 
 pytestmark = pytest.mark.engine

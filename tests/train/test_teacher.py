@@ -8,7 +8,7 @@ from train_helpers import random_samples
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from actfirst.config import ModelConfig
-from actfirst.models.factory import build_model
+from actfirst.models.build import build_model
 from actfirst.train.teacher import TeacherScorer
 
 

@@ -1,9 +1,14 @@
-"""Turn-level samples: one full response y_t = (z_t, a_t) at one visited context c_t (Sec. 3, Appendix B.4)."""
+"""Turn-level samples: one full response y_t = (z_t, a_t) at one visited context c_t (Sec. 3, Appendix B.4), and
+what scores them. Below both the rollout (which makes samples) and the training (which consumes them)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclasses.dataclass(slots=True)
@@ -51,3 +56,13 @@ class Sample:
     @property
     def num_supervised(self) -> int:
         return sum(self.loss_mask)
+
+
+class SampleScorer(Protocol):
+    """What the rollout needs of the frozen teacher (UOPD's uncertainty score, ``actfirst.rollout.intervention``): it
+    fills ``Sample.teacher_logprobs`` on its ``device``. ``actfirst.train.teacher.TeacherScorer`` is one."""
+
+    device: torch.device
+
+    def score(self, samples: list[Sample]) -> None:
+        """Set each sample's ``teacher_logprobs``."""

@@ -1,0 +1,256 @@
+"""Build what a training run needs before it starts (``python -m actfirst.prepare``, and ``actfirst.run`` before it
+starts the ranks).
+
+- The reference cache (Appendix C.2) at ``references``, from every candidate we can produce: the benchmark's own
+  (ScienceWorld gold paths, ALFWorld planner walkthroughs, WebShop's goal-derived paths), the files in
+  ``prepare.candidate_files``, and ``prepare.teacher_rollouts`` think-then-act rollouts of the teacher per training
+  task, played on the same in-process vLLM engine the student uses (cached beside the references as
+  ``<references>.teacher.jsonl``).
+- With ``prepare.build_models`` (the CPU demo, where no weights can be downloaded): a small BPE trained on the
+  task set's own prompts, a teacher trained by SFT on the reference steps (its ``teacher_sft.modes``) and evaluated
+  (``<teacher>/actfirst_eval.json``: its SR is the demo's target), and a smaller student warm-started by a short
+  SFT on all three prompt modes (``actfirst.train.sft``). The teacher's rollouts would need the teacher, which needs
+  the references: a built teacher plays none.
+
+Whatever exists is kept: a second call does nothing. Every artifact is written into a temporary path and renamed
+into place, so an interrupted preparation never leaves a half-written model or cache behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from actfirst.config import DEMO_CONFIG, BuildModelsConfig, ConfigError, EngineConfig, SFTConfig, TrainConfig
+from actfirst.envs.benchmarks import Benchmark, get_benchmark
+from actfirst.eval_report import TEACHER_EVAL
+from actfirst.files import write_atomically
+from actfirst.models.tokenizers import check_tokenizers_match
+from actfirst.reference_cache import load_references, read_candidates
+from actfirst.schema import load_config, paths_unchecked
+from actfirst.user_input import check_model_dir, check_writable_dir
+
+SFT_RECORD = "actfirst_sft.json"
+"""How a built model was trained (losses, wall-clock, throughput), in its directory."""
+
+
+def load_run_config(config: str | None, overrides: list[str]) -> TrainConfig:
+    """The run's config (``None``: the CPU demo's), whose reference cache and built models may not exist yet (the
+    paths preparation produces; :func:`ensure_prepared` builds them and then checks every path)."""
+    with paths_unchecked():
+        return load_config(TrainConfig, config or str(DEMO_CONFIG), overrides)
+
+
+def ensure_prepared(cfg: TrainConfig) -> dict[str, float]:
+    """Build whatever ``cfg`` needs that is missing (see the module docstring); returns each stage's wall-clock
+    (s) for the stages that ran. Every input is checked first (:func:`check_inputs` with ``buildable``) and again
+    once built; a ``ConfigError`` names the first that cannot be used."""
+    check_inputs(cfg, buildable=True)
+    build = cfg.prepare.build_models
+    benchmark = get_benchmark(cfg.benchmark, cfg.env)
+    timings: dict[str, float] = {}
+    if cfg.references is not None and not Path(cfg.references).is_file():
+        started = time.perf_counter()
+        candidates = list(cfg.prepare.candidate_files)
+        if cfg.prepare.teacher_rollouts and build is None:
+            candidates.append(str(_teacher_rollouts(cfg, benchmark)))
+        _build_references(cfg, benchmark, candidates)
+        timings["references_s"] = time.perf_counter() - started
+    if build is not None:
+        if not Path(cfg.teacher).is_dir() or not Path(cfg.student.model).is_dir():
+            if cfg.references is None or not Path(cfg.references).is_file():
+                raise ConfigError(f"references={cfg.references!r}: prepare.build_models trains on the reference "
+                                  f"cache; set references")
+            steps = _expert_steps(cfg, benchmark)
+        if not Path(cfg.teacher).is_dir():
+            started = time.perf_counter()
+            _build_teacher(cfg, build, benchmark, steps)
+            timings["teacher_s"] = time.perf_counter() - started
+            started = time.perf_counter()
+            evaluate_teacher(cfg, benchmark)
+            timings["teacher_eval_s"] = time.perf_counter() - started
+        if not Path(cfg.student.model).is_dir():
+            started = time.perf_counter()
+            _build_student(cfg, build, benchmark, steps)
+            timings["student_warm_start_s"] = time.perf_counter() - started
+    if timings:
+        check_inputs(cfg)
+    return timings
+
+
+def check_inputs(cfg: TrainConfig, *, buildable: bool = False) -> None:
+    """Everything a training run reads, before any engine, JVM or model starts: the student and the teacher are
+    Hugging Face model directories (config, tokenizer, weights) with the same tokenizer, the reference cache is one
+    of this benchmark and config covering the training tasks, and ``out_dir`` can be written. ``buildable``: a path
+    that preparation builds may be missing (its directory must then be writable)."""
+    built = cfg.prepare.build_models is not None
+    models = [("student.model", cfg.student.model), ("teacher", cfg.teacher)]
+    for key, path in models:
+        if buildable and built and not Path(path).exists():
+            check_writable_dir(Path(path).parent, key)
+        else:
+            check_model_dir(path, key)
+    if all(Path(path).exists() for _, path in models):
+        check_tokenizers_match(cfg.student.model, cfg.teacher)
+    if cfg.references is not None:
+        if Path(cfg.references).is_file():
+            benchmark = get_benchmark(cfg.benchmark, cfg.env)
+            load_references(cfg.references, benchmark=benchmark,
+                            tasks=[benchmark.task_key(t) for t in cfg.training_tasks(benchmark)])
+        elif buildable:
+            read_candidates(cfg.prepare.candidate_files, "prepare.candidate_files")
+            check_writable_dir(Path(cfg.references).parent, "references")
+        else:
+            raise ConfigError(f"references={cfg.references!r}: no such file")
+    check_writable_dir(cfg.out_dir, "out_dir")
+
+
+# -- the reference cache ------------------------------------------------------------------------------------------
+
+
+def _engine_config(cfg: TrainConfig, model: str, need_tokens: int) -> EngineConfig:
+    return dataclasses.replace(cfg.student, model=model, max_model_len=max(cfg.student.max_model_len, need_tokens),
+                               max_num_batched_tokens=max(cfg.student.max_num_batched_tokens, need_tokens))
+
+
+def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark) -> Path:
+    """The teacher's rollouts that may become references, as candidates (cached as ``<references>.teacher.jsonl``)."""
+    from transformers import AutoTokenizer
+
+    from actfirst.engine.core import ActFirstEngine
+    from actfirst.teacher_candidates import teacher_candidates, write_candidates
+
+    path = Path(f"{cfg.references}.teacher.jsonl")
+    if path.is_file():
+        return path
+    tasks = cfg.training_tasks(benchmark)
+    print(f"[prepare] teacher rollouts: {cfg.prepare.teacher_rollouts} per task x {len(tasks)} training tasks",
+          flush=True)
+    need = cfg.rollout.max_prompt_tokens + cfg.rollout.budget.total
+
+    async def run() -> dict[str, list[list[str]]]:
+        engine = ActFirstEngine.from_config(_engine_config(cfg, cfg.teacher, need), cfg.scheduler)
+        try:
+            return await teacher_candidates(engine, AutoTokenizer.from_pretrained(cfg.teacher), benchmark, tasks,
+                                            per_task=cfg.prepare.teacher_rollouts, rollout=cfg.rollout,
+                                            max_in_flight=cfg.rollout.batch_tasks, seed=cfg.seed)
+        finally:
+            await engine.shutdown()
+
+    return write_candidates(path, asyncio.run(run()))
+
+
+def _build_references(cfg: TrainConfig, benchmark: Benchmark, candidate_files: list[str]) -> None:
+    from actfirst.envs.workers import EnvPool
+    from actfirst.reference_cache import build_references
+
+    tasks = cfg.training_tasks(benchmark)
+    print(f"[prepare] reference cache for {len(tasks)} training tasks -> {cfg.references}", flush=True)
+    Path(cfg.references).parent.mkdir(parents=True, exist_ok=True)
+    with EnvPool(benchmark.env_spec(), size=min(len(tasks), os.cpu_count() or 2)) as pool:
+        asyncio.run(build_references(benchmark, tasks, pool, out=cfg.references, candidate_files=candidate_files,
+                                     shorten=cfg.prepare.shorten))
+
+
+# -- the demo's models ----------------------------------------------------------------------------------------------
+
+
+def _expert_steps(cfg: TrainConfig, benchmark: Benchmark):
+    from actfirst.envs.workers import EnvPool
+    from actfirst.train.sft import expert_steps
+
+    references = load_references(cfg.references)
+    tasks = [t for t in cfg.training_tasks(benchmark) if benchmark.task_key(t) in references]
+    with EnvPool(benchmark.env_spec(), size=min(len(tasks), os.cpu_count() or 2)) as pool:
+        steps = asyncio.run(expert_steps(benchmark, pool, tasks, references))
+    print(f"[prepare] {len(steps)} expert steps from {len(tasks)} references", flush=True)
+    return steps
+
+
+def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, benchmark: Benchmark, steps,
+               out: Path, what: str) -> None:
+    """Build ``model_cfg`` around ``tokenizer``, train it on ``steps`` and publish it at ``out`` atomically."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from actfirst.models.build import build_model
+    from actfirst.prompts import Mode
+    from actfirst.train.sft import THOUGHTS, examples, sft
+
+    thoughts = cfg.prepare.build_models.thoughts
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    build_model(model_cfg, tmp, tokenizer=tokenizer)
+    torch.manual_seed(sft_cfg.seed)
+    model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+    if sft_cfg.tasks:
+        keep = list(dict.fromkeys(s.task for s in steps))[: sft_cfg.tasks]
+        steps = [s for s in steps if s.task in keep]
+    data = examples(tokenizer, benchmark, steps, modes=[Mode(m) for m in sft_cfg.modes],
+                    max_prompt_tokens=cfg.rollout.max_prompt_tokens, thought=THOUGHTS[thoughts])
+    params = sum(p.numel() for p in model.parameters())
+    print(f"[prepare] {what}: {params / 1e6:.2f}M parameters, SFT on {len(data)} examples "
+          f"({', '.join(sft_cfg.modes)}), {sft_cfg.epochs} epochs", flush=True)
+    result = sft(model, data, epochs=sft_cfg.epochs, lr=sft_cfg.lr, batch_tokens=sft_cfg.batch_tokens,
+                 micro_batch_tokens=sft_cfg.micro_batch_tokens, seed=sft_cfg.seed)
+    model.save_pretrained(tmp, safe_serialization=True)
+    record = {"parameters": params, "examples": len(data), "steps": len(steps), "sft": dataclasses.asdict(sft_cfg),
+              "thoughts": thoughts,
+              "epoch_losses": result.epoch_losses, "wall_s": result.wall_s, "tokens_per_s": result.tokens_per_s}
+    (tmp / SFT_RECORD).write_text(json.dumps(record, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, out)
+
+
+def _build_teacher(cfg: TrainConfig, build: BuildModelsConfig, benchmark: Benchmark, steps) -> None:
+    from actfirst.models.build import environment_corpus
+    from actfirst.models.tokenizers import train_env_bpe_tokenizer
+    from actfirst.train.sft import THOUGHTS, corpus
+
+    tokenizer = train_env_bpe_tokenizer(environment_corpus() + corpus(benchmark, steps,
+                                                                      thought=THOUGHTS[build.thoughts]),
+                                        vocab_size=build.tokenizer_vocab_size)
+    _sft_model(cfg, build.teacher, build.teacher_sft, tokenizer, benchmark, steps, Path(cfg.teacher), "teacher")
+
+
+def _build_student(cfg: TrainConfig, build: BuildModelsConfig, benchmark: Benchmark, steps) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.teacher)  # the teacher scores the student's tokens
+    _sft_model(cfg, build.student, build.student_sft, tokenizer, benchmark, steps, Path(cfg.student.model),
+               "student warm start")
+
+
+def evaluate_teacher(cfg: TrainConfig, benchmark: Benchmark) -> dict[str, Any]:
+    """Evaluate the teacher as the run evaluates the student (C.1, C.4) and store the report in its directory."""
+    from transformers import AutoTokenizer
+
+    from actfirst.engine.core import ActFirstEngine
+    from actfirst.evaluation import evaluate, pick_tasks
+
+    spec = cfg.evaluation
+    if spec is None:
+        raise ConfigError("evaluation=None: the teacher is evaluated as the student is; set an evaluation section")
+    tasks = pick_tasks(benchmark, benchmark.tasks(spec.split), spec.tasks)
+    need = cfg.rollout.max_prompt_tokens + cfg.rollout.budget.eval_total
+
+    async def run():
+        engine = ActFirstEngine.from_config(_engine_config(cfg, cfg.teacher, need), cfg.scheduler)
+        try:
+            return await evaluate(engine, AutoTokenizer.from_pretrained(cfg.teacher), benchmark, tasks,
+                                  seeds=spec.seeds, rollout=spec.sampling(cfg.rollout),
+                                  max_in_flight=spec.max_in_flight)
+        finally:
+            await engine.shutdown()
+
+    report = asyncio.run(run())
+    report.meta.update({"model": cfg.teacher, "split": spec.split})
+    write_atomically(Path(cfg.teacher) / TEACHER_EVAL, report.to_json())
+    print(report.table(), flush=True)
+    return report.summary()

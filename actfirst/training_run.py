@@ -1,0 +1,142 @@
+"""A training run's stages below its command (``python -m actfirst.run``): preparation, in a child process when ranks
+follow; one rank's training; and, on the lead rank, the run's summary (``run_summary.json``) and the message that says
+where everything is.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from actfirst.config import DEMO_CONFIG, TrainConfig
+from actfirst.eval_report import load_episodes, sr_change, teacher_summary
+from actfirst.preparation import ensure_prepared, load_run_config
+from actfirst.train.clock import PARTS, launch_info
+
+if TYPE_CHECKING:
+    from actfirst.train.trainer import TrainResult
+
+
+def prepare(cfg: TrainConfig, config: str | None, overrides: list[str], *, in_child: bool) -> dict[str, float]:
+    """Build what the run of ``cfg`` (loaded from ``config`` and ``overrides``) needs that is missing
+    (:func:`ensure_prepared`). ``in_child``: in a child process, so that no engine or GPU memory of the preparation
+    outlives it into the ranks."""
+    if not in_child:
+        return ensure_prepared(cfg)
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_prepare_child, (config, list(overrides)))
+
+
+def _prepare_child(config: str | None, overrides: list[str]) -> dict[str, float]:
+    return ensure_prepared(load_run_config(config, overrides))
+
+
+def run_rank(cfg: TrainConfig, *, resume: bool, config: str | None) -> int:
+    """One rank: train, then (rank 0) write the summary and print where everything is. A failure is reported to the
+    other ranks (they stop) and raised, so that the launcher names this rank and its error; one caused by a lost
+    peer stops this rank naming that peer (``PeerWatch.fail``)."""
+    from actfirst.parallel.context import init_parallel, shutdown_parallel
+    from actfirst.parallel.watchdog import PeerWatch
+    from actfirst.train.trainer import Trainer
+
+    ctx = init_parallel()
+    watch = PeerWatch(ctx.rank, ctx.world_size, timeout_s=cfg.parallel.peer_timeout_s).start() \
+        if ctx.world_size > 1 else None
+    try:
+        result = Trainer(cfg, ctx, resume=resume).train()
+    except BaseException as e:
+        if watch is not None:
+            watch.fail(e)  # stops here when a lost peer is the cause, naming it
+        raise
+    if watch is not None:
+        watch.stop()
+    if ctx.lead:
+        summary = write_summary(cfg, config, result)
+        print(final_message(cfg, summary), flush=True)
+    shutdown_parallel()
+    return 0
+
+
+def write_summary(cfg: TrainConfig, config: str | None, result: TrainResult) -> dict:
+    """``<out_dir>/run_summary.json`` of the run of ``config`` (None: the CPU demo's): teacher and student SRs, the SR
+    change, the wall-clock of every session of the run (``wall_clock.json``: its parts sum to ``total_s``; speedups
+    use ``train_s``)."""
+    from actfirst.train.plots import read_records, read_wall_clock
+
+    evals = result.evals
+    clock = read_wall_clock(cfg.out_dir) or {}
+    last = (read_records(Path(cfg.out_dir) / "metrics.jsonl") or [{}])[-1]
+    summary = {"config": str(config or DEMO_CONFIG), "wall_clock": {k: clock.get(k) for k in (
+                   "total_s", *PARTS, "sessions", "speedup_uses")},
+               "prepare_stages_s": launch_info().get("prepare_stages_s", {}),
+               "teacher": teacher_summary(cfg.teacher),
+               "evals": [{"update": e["update"], "elapsed_s": e["elapsed_s"], **e["summary"]} for e in evals],
+               "sr_change": run_sr_change(Path(cfg.out_dir), evals), "probe_gaps": result.probe_gaps,
+               "throughput": {k.removeprefix("throughput/"): last.get(k) for k in (
+                   "throughput/full_window", "throughput/first_600s", "throughput/window_s")},
+               "rollout_speedup_model": {k: last.get(f"speedup/run_{k}") for k in ("measured", "eq36", "eq26")},
+               "transitions": result.num_transitions, "weight_version": result.weight_version,
+               "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+    (Path(cfg.out_dir) / "run_summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def run_sr_change(out_dir: Path, evals: list[dict]) -> dict | None:
+    """The student's SR change from the run's first evaluation to its last (:func:`sr_change`: the paired interval
+    over the same (seed, task) episodes, the unpaired one beside it)."""
+    if len(evals) < 2:
+        return None
+    change = sr_change(load_episodes(out_dir / evals[0]["report"]), load_episodes(out_dir / evals[-1]["report"]))
+    return None if change is None else {"from_update": evals[0]["update"], "to_update": evals[-1]["update"],
+                                        **change}
+
+
+def final_message(cfg: TrainConfig, summary: dict) -> str:
+    """What the run prints at its end: the stages' wall-clock, the SRs, where every output is."""
+    out = Path(cfg.out_dir)
+    clock = summary["wall_clock"]
+    sessions = f" over {clock['sessions']} sessions" if (clock["sessions"] or 0) > 1 else ""
+    lines = ["", (f"[run] done: {cfg.num_updates} updates on {summary['world_size']} rank(s), "
+                  f"{summary['transitions']} transitions, weight version {summary['weight_version']}"),
+             (f"  wall-clock: {clock['total_s'] or 0:.0f} s in all{sessions}: prepare {clock['prepare_s'] or 0:.0f} "
+              f"s, training {clock['train_s'] or 0:.0f} s (C.3; the speedups' figure), evaluation "
+              f"{clock['eval_s'] or 0:.0f} s, probe {clock['probe_s'] or 0:.0f} s, redone after a kill "
+              f"{clock['lost_s'] or 0:.0f} s, other {clock['other_s'] or 0:.0f} s")]
+    rate = summary["throughput"]
+    if rate["full_window"] is not None:
+        lines.append(f"  environment transitions per second (C.5, Eq. 37): {rate['full_window']:.2f} over the training "
+                     f"window ({rate['window_s']:.0f} s), {rate['first_600s']:.2f} over its first "
+                     f"{min(600, rate['window_s']):.0f} s")
+    model = summary["rollout_speedup_model"]
+    if model["eq36"] is not None:
+        lines.append(f"  rollout speedup over Vanilla OPD's Eq. 36 time from this run's requests: measured "
+                     f"{model['measured']:.2f}x, Eq. 36 {model['eq36']:.2f}x, Eq. 26's bound {model['eq26']:.2f}x "
+                     f"(actfirst.train.speedup)")
+    teacher = summary["teacher"]
+    if teacher is not None:
+        lo, hi = teacher["SR_ci95_pooled"]
+        lines.append(f"  teacher SR {teacher['SR']['mean']:.1f}% (95% CI [{lo:.1f}, {hi:.1f}], "
+                     f"{teacher['episodes']} episodes)")
+    for e in summary["evals"]:
+        lo, hi = e["SR_ci95_pooled"]
+        lines.append(f"  student SR at update {e['update']:>3}: {e['SR']['mean']:.1f}% ± {e['SR']['sd']:.1f} "
+                     f"(95% CI [{lo:.1f}, {hi:.1f}], {e['episodes']} episodes)")
+    change = summary["sr_change"]
+    if change is not None:
+        (lo, hi), (ulo, uhi) = change["ci95"], change["ci95_unpaired"]
+        verdict = "beyond the evaluation noise" if change["beyond_noise"] else "within the evaluation noise"
+        lines.append(f"  SR change, update {change['from_update']} -> {change['to_update']}: {change['points']:+.1f} "
+                     f"points (paired 95% CI [{lo:+.1f}, {hi:+.1f}]; unpaired [{ulo:+.1f}, {uhi:+.1f}]): {verdict}")
+    gaps = [g for g in summary["probe_gaps"] if g is not None]
+    if gaps:
+        lines.append(f"  teacher-minus-student gap (probe): {gaps[0]:+.3f} -> {gaps[-1]:+.3f} nat/token")
+    lines += [f"  metrics:    {out / 'metrics.jsonl'} (TensorBoard: {out / 'tensorboard'}), evaluations "
+              f"{out / 'evals.jsonl'}; vLLM's log: {out / 'logs'}",
+              f"  plot:       {out / 'training_curve.png'}",
+              f"  checkpoint: {out / 'checkpoints'} (a Hugging Face directory; python -m actfirst.eval --checkpoint "
+              f"...)",
+              f"  summary:    {out / 'run_summary.json'}"]
+    return "\n".join(lines)
