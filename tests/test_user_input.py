@@ -412,8 +412,8 @@ def test_every_command_refuses_weights_that_are_not_safetensors(capsys, garbage_
 
 @pytest.mark.parametrize("weights,why", [
     (b"", "model.safetensors is not a readable safetensors file (header too small)"),
-    (b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all", "model.safetensors is not a readable safetensors file "
-                                                            "(invalid JSON in header"),
+    (b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all",
+     "model.safetensors is not a readable safetensors file (invalid JSON in header"),
     (b"\x02\x00\x00\x00\x00\x00\x00\x00{}", "its weight files hold no tensors (model.safetensors)"),
     ("half", "model.safetensors is not a readable safetensors file (incomplete metadata, file not fully covered)"),
 ], ids=["empty", "header-not-json", "no-tensors", "truncated"])

@@ -32,7 +32,7 @@ def alive(pid):
         return False
 
 
-def wait_gone(pids, timeout=15.0):
+def wait_gone(pids, timeout=60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
