@@ -173,11 +173,11 @@ def _weight_map(p: Path, where: str) -> dict[str, str]:
     if not index.is_file():
         return {}
     try:
-        weight_map = json.loads(read_text(index, where)).get("weight_map")
-    except (json.JSONDecodeError, AttributeError):
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
         weight_map = None
     if not (isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())):
-        raise ConfigError(f"{where}: {SAFETENSORS_INDEX} is not a safetensors index (a JSON object whose "
+        raise ConfigError(f"{where}: {SAFETENSORS_INDEX} is not a readable safetensors index (a JSON object whose "
                           f"weight_map maps tensor names to files)")
     return weight_map
 

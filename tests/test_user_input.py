@@ -448,7 +448,7 @@ def test_a_sharded_checkpoint_is_checked_shard_by_shard(sharded_model):
          f"{first} lacks {moved}, which model.safetensors.index.json places there"),
         ({**index, "weight_map": {**index["weight_map"], moved: "model-00003-of-00002.safetensors"}},
          "model.safetensors.index.json names model-00003-of-00002.safetensors, which is missing"),
-        ({"weight_map": ["not", "a", "map"]}, "model.safetensors.index.json is not a safetensors index"),
+        ({"weight_map": ["not", "a", "map"]}, "model.safetensors.index.json is not a readable safetensors index"),
     ]
     for bad_index, why in cases:
         (sharded_model / "model.safetensors.index.json").write_text(json.dumps(bad_index))
