@@ -92,8 +92,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             try:
                 return _coerce(arg, value, key)
             except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}={value!r}: wrong type")
+                errors.append(e)
+        raise errors[0] if errors else ConfigError(f"{key}={value!r}: wrong type")
     if origin in (list, tuple):
         check(isinstance(value, (list, tuple)), key, value, f"must be a list, not {type(value).__name__}")
         args = typing.get_args(tp)
@@ -126,6 +126,21 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
     raise TypeError(f"unsupported config annotation {tp!r} at {key}")
 
 
+class MissingKeys(ConfigError):
+    """Required config keys were not given: ``keys`` holds their dotted names. :func:`load_config` names where
+    they were looked for."""
+
+    def __init__(self, keys: list[str]) -> None:
+        super().__init__(f"missing {', '.join(keys)}")
+        self.keys = keys
+
+
+def _required(cls: type) -> list[str]:
+    """The fields of dataclass ``cls`` that have no default: a config must give them."""
+    return [f.name for f in dataclasses.fields(cls)
+            if f.init and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+
+
 def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     """``cls`` from ``data``: every key known and checked against its annotation (or the type its
     :func:`type_from` gives), then ``cls``'s own checks. A section may name where a key it no longer has went:
@@ -139,6 +154,9 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
             if moved is not None:
                 raise ConfigError(f"{key}: {moved}")
             raise ConfigError(f"{key}={data[name]!r}: unknown key (known: {', '.join(sorted(fields))})")
+    missing = [f"{prefix}.{name}" if prefix else name for name in _required(cls) if name not in data]
+    if missing:
+        raise MissingKeys(missing)
     kwargs = {}
     resolved = {name: value for name, value in data.items() if _TYPE_FROM in fields[name].metadata}
     for name, value in data.items():
@@ -152,8 +170,6 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
         return cls(**kwargs)
     except ConfigError as e:
         raise ConfigError(f"{prefix}.{e}" if prefix else str(e)) from None
-    except TypeError as e:  # a required field is missing
-        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -178,13 +194,20 @@ def load_config(cls: type, path: str | os.PathLike | None, overrides: list[str] 
     too, except inside :func:`paths_unchecked`). ``key``: what errors about the file call it."""
     data = read_config_file(path, key) if path is not None else {}
     apply_overrides(data, list(overrides or []))
-    return _build(cls, data, "")
+    try:
+        return _build(cls, data, "")
+    except MissingKeys as e:
+        where = f"{key}={str(path)!r}: " if path is not None else ""
+        given = "" if path is not None else " (not in the command-line overrides)"
+        raise ConfigError(f"{where}{e}{given}") from None
 
 
 def read_config_file(path: str | os.PathLike, key: str = "--config", seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A YAML config as a dict. A top-level ``base: <file>`` (relative to this file) is read first and this file's
     keys are merged into it: sections key by key, any other value replacing the base's."""
-    data = parse_yaml(read_text(path, key), f"{key}={str(path)!r}") or {}
+    data = parse_yaml(read_text(path, key), f"{key}={str(path)!r}")
+    if data is None:
+        raise ConfigError(f"{key}={str(path)!r}: the file is empty")
     if not isinstance(data, dict):
         raise ConfigError(f"{key}={str(path)!r}: the top level must be a mapping, not {type(data).__name__}")
     base = data.pop("base", None)

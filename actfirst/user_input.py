@@ -32,6 +32,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 WEIGHT_PATTERNS = ("*.safetensors", "pytorch_model*.bin")
 """The weight files Hugging Face and vLLM load."""
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+"""A sharded checkpoint's map of each tensor to its shard file."""
+
+EMBEDDING_NAMES = ("embed_tokens.weight", "lm_head.weight")
+"""Tensor name endings whose shape is ``[vocab_size, hidden_size]`` of the model's ``config.json``."""
+
 
 def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
     """Wrap a command's ``main(argv) -> status``: a :class:`ConfigError` prints ``<prog>: error: <message>`` on
@@ -115,19 +121,80 @@ def read_jsonl(path: str | os.PathLike, key: str) -> list[tuple[int, dict]]:
 
 def check_model_dir(path: str | os.PathLike, key: str, *, weights: bool = True) -> None:
     """``path`` must be a Hugging Face model directory: ``config.json`` (valid JSON), a tokenizer, and (with
-    ``weights``) weight files. Run before any tokenizer comparison, so that a message blames the right side."""
+    ``weights``) weight files whose safetensors headers read and agree with ``config.json`` (:func:`_check_weights`:
+    headers only, no tensor is loaded). Every command that takes a model directory calls this before any engine,
+    process group or model load; run before any tokenizer comparison, so that a message blames the right side."""
     check_exists(path, key)
     p = Path(path)
     if not (p / "config.json").is_file():
         raise ConfigError(f"{key}={str(path)!r}: has no config.json: not a Hugging Face model directory")
     try:
-        json.loads(read_text(p / "config.json", key))
+        config = json.loads(read_text(p / "config.json", key))
     except json.JSONDecodeError as e:
         raise ConfigError(f"{key}={str(path)!r}: its config.json is not JSON ({e.msg}, line {e.lineno})") from None
     if not any((p / name).is_file() for name in TOKENIZER_FILES):
         raise ConfigError(f"{key}={str(path)!r}: has no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
-    if weights and not any(any(p.glob(pattern)) for pattern in WEIGHT_PATTERNS):
-        raise ConfigError(f"{key}={str(path)!r}: has no weights (no {' or '.join(WEIGHT_PATTERNS)} file)")
+    if weights:
+        if not any(any(p.glob(pattern)) for pattern in WEIGHT_PATTERNS):
+            raise ConfigError(f"{key}={str(path)!r}: has no weights (no {' or '.join(WEIGHT_PATTERNS)} file)")
+        _check_weights(p, f"{key}={str(path)!r}", config if isinstance(config, dict) else {})
+
+
+def _check_weights(p: Path, where: str, config: dict) -> None:
+    """Every ``*.safetensors`` file of ``p`` and every shard its :data:`SAFETENSORS_INDEX` names has a readable
+    header holding the tensors the index places there; together they hold some tensor, and the embedding and LM
+    head have the ``[vocab_size, hidden_size]`` of ``config``. ``where``: ``key='path'`` for the messages."""
+    placed = _weight_map(p, where)
+    files = sorted({f.name for f in p.glob("*.safetensors")} | set(placed.values()))
+    tensors: dict[str, tuple[str, list[int]]] = {}  # name -> (file, shape)
+    for name in files:
+        if not (p / name).exists():
+            raise ConfigError(f"{where}: {SAFETENSORS_INDEX} names {name}, which is missing")
+        shapes = _safetensors_shapes(p / name, where)
+        lacking = [t for t, shard in placed.items() if shard == name and t not in shapes]
+        if lacking:
+            raise ConfigError(f"{where}: {name} lacks {lacking[0]}, which {SAFETENSORS_INDEX} places there"
+                              f"{f' (and {len(lacking) - 1} more)' if len(lacking) > 1 else ''}")
+        tensors.update({t: (name, shape) for t, shape in shapes.items()})
+    if files and not tensors:
+        raise ConfigError(f"{where}: its weight files hold no tensors ({', '.join(files)})")
+    vocab, hidden = config.get("vocab_size"), config.get("hidden_size")
+    if not (isinstance(vocab, int) and isinstance(hidden, int)) or "quantization_config" in config:
+        return  # nothing to compare with, or packed weights of other shapes
+    for name, (file, shape) in sorted(tensors.items()):
+        if name.endswith(EMBEDDING_NAMES) and shape != [vocab, hidden]:
+            raise ConfigError(f"{where}: {file} holds {name} of shape {shape}, but config.json says [vocab_size, "
+                              f"hidden_size] = [{vocab}, {hidden}]")
+
+
+def _weight_map(p: Path, where: str) -> dict[str, str]:
+    """The tensor -> shard file map of ``p``'s :data:`SAFETENSORS_INDEX` (empty without one)."""
+    index = p / SAFETENSORS_INDEX
+    if not index.is_file():
+        return {}
+    try:
+        weight_map = json.loads(index.read_text()).get("weight_map")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+        weight_map = None
+    if not (isinstance(weight_map, dict) and all(isinstance(v, str) for v in weight_map.values())):
+        raise ConfigError(f"{where}: {SAFETENSORS_INDEX} is not a readable safetensors index (a JSON object whose "
+                          f"weight_map maps tensor names to files)")
+    return weight_map
+
+
+def _safetensors_shapes(file: Path, where: str) -> dict[str, list[int]]:
+    """Each tensor's shape in the header of safetensors ``file`` (the header is validated; no data is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(file), framework="numpy") as f:
+            names = f.keys()  # a safe_open is not iterable
+            return {k: list(f.get_slice(k).get_shape()) for k in names}
+    except SafetensorError as e:
+        why = str(e).removeprefix("Error while deserializing header: ")
+        raise ConfigError(f"{where}: {file.name} is not a readable safetensors file ({why})") from None
+    except OSError as e:
+        raise ConfigError(f"{where}: {file.name} cannot be read ({e.strerror or e})") from None
 
 
 def check_writable_dir(path: str | os.PathLike, key: str) -> None:

@@ -346,3 +346,159 @@ def test_the_command_line_exits_2_with_one_line(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "python -m actfirst.run: error: --config='/nonexistent.yaml': no such file"], proc.stderr
     assert proc.stdout == "" and not out.exists()
+
+
+# -- weights that cannot be read, configs that say too little (issue 34) ----------------------------------------------
+
+
+def corrupt(tmp_path: Path, name: str, weights: bytes) -> Path:
+    """A copy of the demo's teacher whose ``model.safetensors`` holds ``weights``."""
+    model = tmp_path / name
+    shutil.copytree(TEACHER, model)
+    (model / "model.safetensors").write_bytes(weights)
+    return model
+
+
+@pytest.fixture
+def garbage_weights(tmp_path) -> Path:
+    """A model directory whose weight file is not safetensors (its first 8 bytes read as a huge header length)."""
+    return corrupt(tmp_path, "garbage", b"not a safetensors file, " * 40)
+
+
+@pytest.fixture
+def sharded_model(tmp_path) -> Path:
+    """The demo's teacher split into two safetensors shards with their index, as large checkpoints ship."""
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "sharded"
+    shutil.copytree(TEACHER, model, ignore=shutil.ignore_patterns("*.safetensors"))
+    tensors = load_file(TEACHER / "model.safetensors")
+    names = sorted(tensors)
+    weight_map = {}
+    for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :]), 1):
+        shard = f"model-0000{i}-of-00002.safetensors"
+        save_file({n: tensors[n] for n in part}, model / shard, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, shard))
+    (model / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return model
+
+
+@pytest.mark.parametrize("prog,args,key", [
+    ("actfirst.run", [f"student.model={TEACHER}", "teacher=BAD", "out_dir=OUT"], "teacher"),
+    ("actfirst.run", ["student.model=BAD", "out_dir=OUT"], "student.model"),
+    ("actfirst.run", ["rollout.strategy=uopd", f"student.model={TEACHER}", "teacher=BAD", "out_dir=OUT"], "teacher"),
+    ("actfirst.prepare", [f"student.model={TEACHER}", "teacher=BAD", "out_dir=OUT"], "teacher"),
+    ("actfirst.compare", ["--out", "OUT", f"student.model={TEACHER}", "teacher=BAD"], "teacher"),
+    ("actfirst.eval", ["--checkpoint", "BAD", "--benchmark", "scienceworld", "--out", "OUT/eval.json"], "--checkpoint"),
+    ("actfirst.teacher_rollouts", ["--teacher", "BAD", "--benchmark", "scienceworld", "--out", "OUT/t.jsonl"],
+     "--teacher"),
+    ("actfirst.rollout_quality", ["--checkpoint", "BAD", "--config", str(DEMO_CONFIG), "--out", "OUT/q.json"],
+     "--checkpoint"),
+], ids=["run-teacher", "run-student", "run-uopd-teacher", "prepare", "compare", "eval", "teacher_rollouts",
+        "rollout_quality"])
+def test_every_command_refuses_weights_that_are_not_safetensors(capsys, garbage_weights, tmp_path, prog, args, key):
+    """Each model directory a command takes has its weights' headers read before any engine or rank starts."""
+    import importlib
+
+    out = tmp_path / "out"
+    argv = [a.replace("BAD", str(garbage_weights)).replace("OUT", str(out)) for a in args]
+    assert importlib.import_module(prog).main(argv) == 2
+    line = one_line(capsys, prog)
+    assert line.endswith(f"{key}={str(garbage_weights)!r}: model.safetensors is not a readable safetensors file "
+                         f"(header too large)"), line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("weights,why", [
+    (b"", "model.safetensors is not a readable safetensors file (header too small)"),
+    (b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all",
+     "model.safetensors is not a readable safetensors file (invalid JSON in header"),
+    (b"\x02\x00\x00\x00\x00\x00\x00\x00{}", "its weight files hold no tensors (model.safetensors)"),
+    ("half", "model.safetensors is not a readable safetensors file (incomplete metadata, file not fully covered)"),
+], ids=["empty", "header-not-json", "no-tensors", "truncated"])
+def test_a_weight_file_that_cannot_be_loaded(tmp_path, weights, why):
+    if weights == "half":  # an interrupted download or copy
+        weights = (TEACHER / "model.safetensors").read_bytes()[: (TEACHER / "model.safetensors").stat().st_size // 2]
+    model = corrupt(tmp_path, "bad", weights)
+    with pytest.raises(ConfigError) as err:
+        check_model_dir(model, "teacher")
+    assert str(err.value).startswith(f"teacher={str(model)!r}: {why}"), str(err.value)
+
+
+def test_weights_of_another_shape_than_the_config_says(capsys, tmp_path, out_dir):
+    model = tmp_path / "resized"
+    shutil.copytree(TEACHER, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": config["vocab_size"] + 64}))
+    status, line = run_main(capsys, f"student.model={TEACHER}", f"teacher={model}", f"out_dir={out_dir}")
+    assert status == 2 and line.endswith(
+        f"teacher={str(model)!r}: model.safetensors holds lm_head.weight of shape [{config['vocab_size']}, "
+        f"{config['hidden_size']}], but config.json says [vocab_size, hidden_size] = [{config['vocab_size'] + 64}, "
+        f"{config['hidden_size']}]"), line
+
+
+def test_a_sharded_checkpoint_is_checked_shard_by_shard(sharded_model):
+    check_model_dir(sharded_model, "teacher")  # whole: accepted
+    index = json.loads((sharded_model / "model.safetensors.index.json").read_text())
+    first, second = sorted(set(index["weight_map"].values()))
+    moved = next(n for n, shard in sorted(index["weight_map"].items()) if shard == second)
+    cases = [
+        ({**index, "weight_map": {**index["weight_map"], moved: first}},
+         f"{first} lacks {moved}, which model.safetensors.index.json places there"),
+        ({**index, "weight_map": {**index["weight_map"], moved: "model-00003-of-00002.safetensors"}},
+         "model.safetensors.index.json names model-00003-of-00002.safetensors, which is missing"),
+        ({"weight_map": ["not", "a", "map"]}, "model.safetensors.index.json is not a readable safetensors index"),
+    ]
+    for bad_index, why in cases:
+        (sharded_model / "model.safetensors.index.json").write_text(json.dumps(bad_index))
+        with pytest.raises(ConfigError) as err:
+            check_model_dir(sharded_model, "teacher")
+        assert str(err.value).startswith(f"teacher={str(sharded_model)!r}: {why}"), str(err.value)
+    (sharded_model / "model.safetensors.index.json").write_text(json.dumps(index))
+    (sharded_model / second).write_bytes((sharded_model / second).read_bytes()[:100])
+    with pytest.raises(ConfigError, match=rf"{second} is not a readable safetensors file \("):
+        check_model_dir(sharded_model, "teacher")
+
+
+@pytest.mark.parametrize("text,why", [
+    ("", "the file is empty"),
+    ("# settings to come\n", "the file is empty"),
+    ("{}\n", "missing benchmark, student, teacher"),
+    (f"benchmark: scienceworld\nteacher: {TEACHER}\nstudent:\n  max_model_len: 1024\n", "missing student.model"),
+    (f"benchmark: scienceworld\nteacher: {TEACHER}\nstudent:\n  model: {TEACHER}\nscienceworld:\n  max_turns: 5\n",
+     "missing scienceworld.train_task_types"),
+], ids=["empty", "only-a-comment", "no-keys", "a-section-without-its-key", "an-optional-section-without-its-key"])
+def test_a_config_that_lacks_required_keys_names_the_file_and_the_keys(capsys, tmp_path, out_dir, text, why):
+    config = tmp_path / "empty.yaml"
+    config.write_text(text)
+    status, line = run_main(capsys, "--config", str(config), f"out_dir={out_dir}")
+    assert status == 2 and line == f"python -m actfirst.run: error: --config={str(config)!r}: {why}", line
+    assert not out_dir.exists()
+
+
+def test_overrides_without_a_file_that_lack_required_keys():
+    from actfirst.config import TrainConfig
+    from actfirst.schema import load_config
+
+    with pytest.raises(ConfigError) as err:
+        load_config(TrainConfig, None, ["benchmark=scienceworld"])
+    assert str(err.value) == "missing student, teacher (not in the command-line overrides)"
+
+
+@pytest.mark.parametrize("case", ["corrupt-teacher", "empty-config"])
+def test_the_command_line_exits_2_with_one_line_for_a_corrupt_model_or_an_empty_config(tmp_path, case):
+    """The real process (where the corrupt weights had given a rank's traceback): exit 2, one line, nothing made."""
+    out = tmp_path / "run"
+    if case == "corrupt-teacher":
+        model = corrupt(tmp_path, "garbage", b"not a safetensors file, " * 40)
+        args, want = [f"student.model={TEACHER}", f"teacher={model}"], \
+            f"teacher={str(model)!r}: model.safetensors is not a readable safetensors file (header too large)"
+    else:
+        (tmp_path / "empty.yaml").write_text("")
+        args, want = ["--config", str(tmp_path / "empty.yaml")], \
+            f"--config={str(tmp_path / 'empty.yaml')!r}: the file is empty"
+    proc = subprocess.run([sys.executable, "-m", "actfirst.run", *args, f"out_dir={out}"], check=False,
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"python -m actfirst.run: error: {want}"], proc.stderr
+    assert not out.exists()

@@ -32,6 +32,8 @@ from actfirst.envs.base import EnvFactory
 __all__ = ["EnvError", "EnvPool", "EnvWorker", "WorkerDied"]
 
 _START_TIMEOUT_S = 120.0
+"""How long a worker may take to build its environment (ScienceWorld: start a JVM), and at least how long the
+first call after a (re)start may take (a fresh simulator's first task load is part of its start)."""
 _CONTINUES_EPISODE = frozenset({"step", "state"})
 """Calls that need the state of the episode in flight (every other call starts from scratch)."""
 
@@ -117,7 +119,8 @@ class EnvWorker:
     def __init__(self, spec: EnvFactory, call_timeout_s: float | None = None):
         self.spec = spec
         self.call_timeout_s = call_timeout_s
-        """``acall`` waits at most this long for a reply; then the worker counts as dead (None: no limit)."""
+        """``acall`` waits at most this long for a reply; then the worker counts as dead (None: no limit). The first
+        call after a (re)start may take the start-up time if that is longer."""
         self.restarts = 0
         self.last_death: str | None = None
         """The ``WorkerDied`` message of the latest death (also of one a ``reset`` ran past)."""
@@ -127,6 +130,7 @@ class EnvWorker:
         self._busy = False
         self._episode_lost = False  # restarted since the last call that starts from scratch
         self._pending = False  # a reply is owed (a cancelled acall leaves one behind; the next call drains it)
+        self._fresh = False  # (re)started since the last call: the next call gets the start-up time
 
     @property
     def pid(self) -> int | None:
@@ -163,6 +167,7 @@ class EnvWorker:
                 self._children.append((process, process.name()))
             except psutil.NoSuchProcess:
                 pass
+        self._fresh = True
 
     def pids(self) -> list[int]:
         """The worker's process id and those of everything it started (e.g. its JVM)."""
@@ -218,7 +223,9 @@ class EnvWorker:
             raise EnvError(f"{self.spec.benchmark} environment error in worker {self.pid}:\n{payload}")
         return payload
 
-    def _send(self, method: str, args: tuple) -> None:
+    def _send(self, method: str, args: tuple) -> float | None:
+        """Send the call (starting or restarting the worker first if needed); returns how long its reply may take:
+        ``call_timeout_s``, or at least :data:`_START_TIMEOUT_S` for the first call after a (re)start."""
         if self._busy:
             raise RuntimeError(f"{self.spec.benchmark} worker {self.pid}: one call at a time (a worker plays one "
                                f"episode)")
@@ -242,6 +249,10 @@ class EnvWorker:
             self._proc.join(timeout=5)
             raise WorkerDied(self._restart(self._death() or "closed its pipe")) from None
         self._pending = True
+        first, self._fresh = self._fresh, False
+        if first and self.call_timeout_s is not None:
+            return max(self.call_timeout_s, _START_TIMEOUT_S)
+        return self.call_timeout_s
 
     def call(self, method: str, *args: Any) -> Any:
         """Run ``env.<method>(*args)`` in the worker and return its result."""
@@ -250,14 +261,13 @@ class EnvWorker:
 
     async def acall(self, method: str, *args: Any) -> Any:
         """``call`` from the asyncio loop: waits on the pipe and the process sentinel, never blocks the loop."""
-        self._send(method, args)
+        limit_s = self._send(method, args)
         self._busy = True
         try:
-            await asyncio.wait_for(self._wait_readable(), self.call_timeout_s)
+            await asyncio.wait_for(self._wait_readable(), limit_s)
         except TimeoutError:
             self._pending = False
-            raise WorkerDied(self._restart(f"gave no reply to {method} within {self.call_timeout_s:g} s (killed)")) \
-                from None
+            raise WorkerDied(self._restart(f"gave no reply to {method} within {limit_s:g} s (killed)")) from None
         finally:
             self._busy = False
         return self._receive()  # a process that ended without replying leaves the pipe at EOF: WorkerDied

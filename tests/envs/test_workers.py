@@ -32,7 +32,7 @@ def alive(pid):
         return False
 
 
-def wait_gone(pids, timeout=15.0):
+def wait_gone(pids, timeout=60.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
@@ -111,16 +111,27 @@ def test_worker_killed_between_calls_fails_the_next_step_and_serves_the_next_res
 
 
 def test_a_hung_worker_is_killed_after_the_call_timeout_fault_injection(worker):
-    """Fault injection: the worker process is stopped (SIGSTOP), so its call never answers."""
+    """Fault injection: the worker process is stopped (SIGSTOP), so its call never answers. What is asserted is the
+    outcome: killed with its JVM, named, restarted, usable (its first reset gets the start-up time, not the 2 s)."""
     worker.call_timeout_s = 2.0
     worker.reset(TASK)
     old = worker.pids()
     os.kill(old[0], signal.SIGSTOP)
-    started = time.monotonic()
-    with pytest.raises(WorkerDied, match="gave no reply to step within 2 s"):
+    with pytest.raises(WorkerDied, match=rf"worker {old[0]} gave no reply to step within 2 s \(killed\); restarted"):
         asyncio.run(worker.astep("go to kitchen"))
-    assert time.monotonic() - started < 10 and worker.restarts == 1 and wait_gone(old) == []
+    assert worker.restarts == 1 and wait_gone(old) == []
     assert asyncio.run(worker.areset(TASK)).turn == 0  # the restarted worker plays the next episode
+
+
+def test_the_first_call_after_a_start_gets_the_start_up_time(worker):
+    """A call limit no reply can meet (a microsecond) applies to every call but the first after a (re)start, whose
+    simulator may still be warming up: the first reset plays, the step after it is killed, and the restarted
+    worker's first reset plays again."""
+    worker.call_timeout_s = 1e-6
+    assert asyncio.run(worker.areset(TASK)).turn == 0
+    with pytest.raises(WorkerDied, match=r"gave no reply to step within 1e-06 s \(killed\); restarted as \d+"):
+        asyncio.run(worker.astep("go to kitchen"))
+    assert worker.restarts == 1 and asyncio.run(worker.areset(TASK)).turn == 0
 
 
 def test_jvm_killed_between_steps_fails_the_next_step_and_serves_the_next_reset(worker):
@@ -189,20 +200,20 @@ def test_one_call_at_a_time(worker):
 
 def test_async_calls_never_block_the_loop():
     async def main(workers):
-        ticks = 0
+        ticks = 0  # turns of the loop while both resets were in flight
 
-        async def ticker():
+        async def ticker(calls):
             nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
+            while not calls.done():
                 ticks += 1
+                await asyncio.sleep(0.001)
 
-        tick = asyncio.create_task(ticker())
-        firsts = await asyncio.gather(*(w.areset(TASK) for w in workers))
+        resets = asyncio.gather(*(w.areset(TASK) for w in workers))
+        await asyncio.gather(resets, ticker(resets))
+        firsts = resets.result()
         steps = await asyncio.gather(*(w.astep(a) for w, a in zip(workers, ["go to kitchen", "look around"])))
         os.kill(workers[0].pid, signal.SIGKILL)
         died = await asyncio.gather(workers[0].astep("look around"), return_exceptions=True)
-        tick.cancel()
         return ticks, firsts, steps, died[0]
 
     with EnvPool(SCIENCEWORLD.env_spec(), 2) as pool:
@@ -210,7 +221,7 @@ def test_async_calls_never_block_the_loop():
         assert all(f.turn == 0 for f in firsts) and [s.turn for s in steps] == [1, 1]
         assert steps[0].observation == "You move to the kitchen."
         assert isinstance(died, WorkerDied) and pool.workers[0].restarts == 1
-        assert ticks >= 20  # the loop kept running while the workers loaded tasks (about 1 s)
+        assert ticks > 1  # the loop kept turning while the workers loaded their tasks (a blocking call: 1 at most)
         pids = [p for w in pool.workers for p in w.pids()]
     assert wait_gone(pids) == []  # closing the pool leaves nothing behind
 

@@ -157,9 +157,9 @@ def test_plan_buckets(sizes, limit, want):
         plan_buckets(sizes, 0)
 
 
-def watched_rank(how: str, timeout_s: float, died_at: str) -> None:
-    """Rank 1 dies without a word (``silent``) or reports its failure (``report``), writing the wall-clock time of
-    its death to ``died_at``; rank 0 then waits outside any collective, where only the peer watch can stop it."""
+def watched_rank(how: str, timeout_s: float) -> None:
+    """Rank 1 dies without a word (``silent``) or reports its failure (``report``); rank 0 then waits outside any
+    collective (60 s, then exits 0), where only the peer watch can stop it."""
     import os
     import time
 
@@ -172,30 +172,23 @@ def watched_rank(how: str, timeout_s: float, died_at: str) -> None:
         time.sleep(1.0)
         if how == "report":
             watch.report_failure("rank 1 failed: ValueError: injected")
-        with open(died_at, "w") as f:
-            f.write(repr(time.time()))
         os._exit(9)
     time.sleep(60)  # a long rollout: no collective would notice
 
 
-@pytest.mark.parametrize("how,within", [("silent", 5.0 + 3.0), ("report", 3.0)])
-def test_peer_watch_stops_a_rank_whose_peer_died(how, within, tmp_path, capfd):
-    """Heartbeat timeout 5 s: a silent death stops rank 0 within it (plus a poll and the last heartbeat's age); a
-    reported one at the next poll. Timed from rank 1's death, not from the start (spawning is machine-dependent)."""
+@pytest.mark.parametrize("how", ["silent", "report"])
+def test_peer_watch_stops_a_rank_whose_peer_died(how, capfd):
+    """Heartbeat timeout 5 s: the peer watch stops rank 0 (its exit status) before its 60 s wait ends, naming why:
+    a silent death by the missing heartbeat, a reported one by the report."""
     from actfirst.parallel.launch import PEER_STOPPED_EXIT
 
-    died_at = tmp_path / "died_at"
-    procs, _ = start_ranks(watched_rank, 2, how, 5.0, str(died_at))
-    procs[0].join(timeout=120)
-    stopped = time.time()
+    procs, _ = start_ranks(watched_rank, 2, how, 5.0)
+    procs[0].join(timeout=300)  # a bound, not the assertion: a rank 0 left running exits 0 after its 60 s
     for p in procs:
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
     assert [p.exitcode for p in procs] == [PEER_STOPPED_EXIT, 9]
-    took = stopped - float(died_at.read_text())
-    print(f"{how}: rank 0 stopped {took:.1f} s after rank 1 died")
-    assert took < within
     err = capfd.readouterr().err
     why = "rank 1 stopped responding" if how == "silent" else "rank 1 failed: ValueError: injected"
     assert f"[rank 0] stopping: {why}" in err, err
@@ -253,17 +246,16 @@ def lost_peer_rank(timeout_s: float) -> None:
 
 def test_a_collective_failed_by_a_lost_peer_names_the_peer(capfd):
     """Across nodes the rank that notices first is the one whose collective failed: it must blame the peer whose
-    heartbeat stopped, not itself (the peer watch's own timeout, 60 s here, is not what stops it)."""
+    heartbeat stopped, not itself (the peer watch's own timeout, 60 s here, is not what stops it: its message would
+    lack what rank 0's collective got)."""
     from actfirst.parallel.launch import PEER_STOPPED_EXIT
 
-    started = time.perf_counter()
     procs, _ = start_ranks(lost_peer_rank, 2, 60.0)
-    procs[0].join(timeout=40)
-    took = time.perf_counter() - started
+    procs[0].join(timeout=300)  # a bound, not the assertion
     for p in procs:
         p.join(timeout=5)
         if p.is_alive():
             p.kill()
-    assert [p.exitcode for p in procs] == [PEER_STOPPED_EXIT, 9] and took < 40
+    assert [p.exitcode for p in procs] == [PEER_STOPPED_EXIT, 9]
     err = capfd.readouterr().err
     assert "[rank 0] stopping: rank 1 stopped responding (rank 0 then got" in err, err
