@@ -257,8 +257,8 @@ class LossConfig:
 
 
 EVAL_TEMPERATURE = 0.6
-"""The default evaluation temperature (see ``EvaluationConfig.temperature``): measured on the CPU demo (the README's
-"Where the papers leave a choice open"), it resolves a trained student from its warm start best of 1.0, 0.6 and 0.4,
+"""The default evaluation temperature (see ``EvaluationConfig.temperature``): measured on the CPU demo
+(docs/open-choices.md), it resolves a trained student from its warm start best of 1.0, 0.6 and 0.4,
 and it is Qwen3's recommended thinking-mode temperature."""
 
 
@@ -279,8 +279,8 @@ class EvaluationConfig:
     """Episodes (and environment workers) at once."""
     temperature: float = EVAL_TEMPERATURE
     """Evaluation's own sampling temperature (0: greedy); the papers leave it open for 000 (its table of evaluation
-    settings is empty) and use 0.4 in 003 (D.5). The default (0.6) and the measurement behind it: the README's
-    "Where the papers leave a choice open"."""
+    settings is empty) and use 0.4 in 003 (D.5). The default (0.6) and the measurement behind it:
+    docs/open-choices.md."""
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
@@ -371,7 +371,7 @@ class PrepareConfig:
 @dataclasses.dataclass(kw_only=True, slots=True)
 class ParallelConfig:
     """How the ranks share the work: one process per GPU, each with its own engine, its shard of the student and its
-    share of every rollout batch (``actfirst.parallel``; the README's "One node, and several")."""
+    share of every rollout batch (``actfirst.parallel``; docs/parallel.md, "One node, and several")."""
 
     compute_dtype: Literal["bfloat16", "float32"] = "float32"
     """The student's forward and backward under FSDP2. Its master weights, gradients and AdamW state are float32

@@ -4,7 +4,7 @@ trains a few updates with evaluations, and leaves a checkpoint that transformers
 
 Real parts throughout: ScienceWorld, the in-process vLLM engine, Qwen3-architecture models. The models are tiny and
 trained for a fraction of an epoch, so this checks that every stage runs and connects, not that the demo learns
-(the full demo's numbers are in the README)."""
+(the full demo's numbers are in bench/RESULTS.md)."""
 
 import json
 import os

@@ -50,7 +50,7 @@ def load_questions(paths: list[str], key: str) -> list[SearchTask]:
     tasks, seen = [], {}
     for path in paths:
         if not Path(path).is_file():
-            raise ConfigError(f"{key}={path!r}: no such file (Search-R1's data: see the README's Search section)")
+            raise ConfigError(f"{key}={path!r}: no such file (Search-R1's data: see docs/search.md)")
         for number, line in enumerate(Path(path).read_text().splitlines(), 1):
             if not line.strip():
                 continue

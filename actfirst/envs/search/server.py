@@ -6,7 +6,7 @@ The corpus is JSONL as Search-R1's corpora are: one ``{"id": ..., "contents": "\
 ``POST /retrieve`` with ``{"queries": [...], "topk": k, "return_scores": bool}`` answers ``{"result": [...]}``: per
 query the top k as ``{"document": {...}, "score": s}`` (``return_scores``) or the documents alone, as Search-R1's
 ``search_r1/search/retrieval_server.py`` does. BM25 is ``bm25s`` over the whole ``contents`` (title and text),
-English stop words removed. The UOPD setting uses Search-R1's own e5 + FAISS server instead (README).
+English stop words removed. The UOPD setting uses Search-R1's own e5 + FAISS server instead (docs/search.md).
 """
 
 from __future__ import annotations
