@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.compare import METHODS, parse_args
+from actfirst.compare import parse_args
+from actfirst.comparison import METHODS
 from actfirst.config import ConfigError, RolloutConfig, TrainConfig
 from actfirst.envs.checks import CheckResult
 from actfirst.rollout.strategies import (

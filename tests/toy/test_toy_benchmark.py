@@ -19,9 +19,9 @@ from transformers import AutoTokenizer
 from actfirst.config import ModelConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig, TrainConfig
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
 from actfirst.envs.workers import EnvPool
-from actfirst.eval import evaluate
-from actfirst.models.factory import build_model
-from actfirst.references import build_references, load_references, replay
+from actfirst.evaluation import evaluate
+from actfirst.models.build import build_model
+from actfirst.reference_cache import build_references, load_references, replay
 from actfirst.rollout.runner import RolloutRunner
 from actfirst.rollout.strategies import ActionSource, make_strategy
 from actfirst.schema import load_config, paths_unchecked
@@ -43,7 +43,7 @@ ROLLOUT = RolloutConfig(strategy="actfirst", batch_tasks=2, max_prompt_tokens=15
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """The toy under its default config file, its training tasks and their reference cache, built by
-    ``actfirst.references`` from the toy's own candidates in worker processes."""
+    ``actfirst.reference_cache`` from the toy's own candidates in worker processes."""
     benchmark = get_benchmark("toy")
     tasks = benchmark.tasks("train")
     out = tmp_path_factory.mktemp("toy") / "refs.jsonl"
