@@ -17,6 +17,16 @@ from actfirst.engine.core import ActFirstEngine  # noqa: E402
 from actfirst.models.build import build_model  # noqa: E402
 
 
+@pytest.fixture
+def paths(tmp_path):
+    """Overrides that point the three user-given paths at things that exist (nothing is read from them)."""
+    (tmp_path / "student").mkdir()
+    (tmp_path / "teacher").mkdir()
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text("")
+    return [f"student.model={tmp_path / 'student'}", f"teacher={tmp_path / 'teacher'}", f"references={refs}"]
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -39,16 +39,6 @@ def config_class(path: Path) -> type:
     raise AssertionError(f"{rel}: no config class known for this file; add it to tests/test_configs.py")
 
 
-@pytest.fixture
-def paths(tmp_path):
-    """Overrides that point the three user-given paths at things that exist (nothing is read from them)."""
-    (tmp_path / "student").mkdir()
-    (tmp_path / "teacher").mkdir()
-    refs = tmp_path / "refs.jsonl"
-    refs.write_text("")
-    return [f"student.model={tmp_path / 'student'}", f"teacher={tmp_path / 'teacher'}", f"references={refs}"]
-
-
 def test_nine_training_configs():
     names = {p.relative_to(CONFIGS / "train").as_posix() for p in TRAIN}
     assert names == {f"{b}/qwen3-{s}.yaml" for b in BENCHMARKS for s in SIZES}

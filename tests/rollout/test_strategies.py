@@ -25,16 +25,6 @@ CONFIGS = Path(__file__).parents[2] / "configs" / "train"
 
 
 @pytest.fixture
-def paths(tmp_path):
-    """Overrides that point the user-given paths at things that exist (nothing is read from them)."""
-    (tmp_path / "student").mkdir()
-    (tmp_path / "teacher").mkdir()
-    refs = tmp_path / "refs.jsonl"
-    refs.write_text("")
-    return [f"student.model={tmp_path / 'student'}", f"teacher={tmp_path / 'teacher'}", f"references={refs}"]
-
-
-@pytest.fixture
 def every_other_turn():
     """A strategy defined only here: NAP fast actions on even turns, full responses on odd ones, reading the
     ``tcod`` section for a limit of its own; removed from the registry afterwards."""
