@@ -465,8 +465,8 @@ def test_a_sharded_checkpoint_is_checked_shard_by_shard(sharded_model):
     ("# settings to come\n", "the file is empty"),
     ("{}\n", "missing benchmark, student, teacher"),
     (f"benchmark: scienceworld\nteacher: {TEACHER}\nstudent:\n  max_model_len: 1024\n", "missing student.model"),
-    (f"benchmark: scienceworld\nteacher: {TEACHER}\nstudent:\n  model: {TEACHER}\nscienceworld:\n  max_turns: 5\n",
-     "missing scienceworld.train_task_types"),
+    (f"benchmark: scienceworld\nteacher: {TEACHER}\nstudent:\n  model: {TEACHER}\nenv:\n  max_turns: 5\n",
+     "missing env.train_task_types"),
 ], ids=["empty", "only-a-comment", "no-keys", "a-section-without-its-key", "an-optional-section-without-its-key"])
 def test_a_config_that_lacks_required_keys_names_the_file_and_the_keys(capsys, tmp_path, out_dir, text, why):
     config = tmp_path / "empty.yaml"
