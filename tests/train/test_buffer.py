@@ -2,8 +2,8 @@
 
 import pytest
 
-from actfirst.train.buffer import SampleBuffer
 from actfirst.sample import Sample
+from actfirst.train.buffer import SampleBuffer
 
 
 def sample(version: int, tag: int) -> Sample:

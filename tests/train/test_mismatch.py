@@ -8,8 +8,8 @@ from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from actfirst.config import LossConfig, OptimConfig, SchedulerConfig
 from actfirst.engine.request import RequestKind, SamplingSpec
-from actfirst.train.head import LMHeadModel
 from actfirst.sample import Sample
+from actfirst.train.head import LMHeadModel
 from actfirst.train.student import StudentUpdater
 
 pytestmark = pytest.mark.engine

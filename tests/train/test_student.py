@@ -11,8 +11,8 @@ from train_helpers import random_samples
 from transformers import Qwen3ForCausalLM
 
 from actfirst.config import LossConfig, OptimConfig
-from actfirst.train.head import LMHeadModel
 from actfirst.sample import Sample
+from actfirst.train.head import LMHeadModel
 from actfirst.train.student import StudentUpdater, learning_rate
 
 DELTA, KAPPA, EPS = 0.2, 3.0, 1e-8
