@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     print the comparison."""
     args = parse_args(argv)
     from actfirst.eval_report import teacher_summary
-    from actfirst.preparation import check_inputs, ensure_prepared, load_run_config
+    from actfirst.preparation import check_inputs, ensure_prepared, load_run_config, resolve_models
     from actfirst.train.trainer import train
 
     out = Path(args.out)
@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = args.seeds or [load_run_config(args.config, args.overrides).seed]
     # every config first: a bad one is refused before hours of training; seed by seed, so that a killed comparison
     # has every method of its first seeds
-    configs = {(s, k): load_run_config(args.config, [*args.overrides, f"rollout.strategy={s}", f"seed={k}",
-                                                     f"out_dir={run_dir(out, s, k)}"])
+    configs = {(s, k): resolve_models(load_run_config(args.config, [
+                   *args.overrides, f"rollout.strategy={s}", f"seed={k}", f"out_dir={run_dir(out, s, k)}"]))
                for k in seeds for s in args.strategies}
     existing = [cfg.out_dir for cfg in configs.values() if (Path(cfg.out_dir) / "metrics.jsonl").exists()]
     if existing and not args.resume:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import BENCHMARKS
+from actfirst.models.hub import is_hub_id
 from actfirst.rollout.strategies import STRATEGIES, TCODConfig, UOPDConfig
 from actfirst.schema import check, check_dir, paths_checked, to_dict, type_from
 from actfirst.user_input import ConfigError, check_exists
@@ -56,7 +57,11 @@ class EngineConfig:
     """The student's in-process vLLM engine."""
 
     model: str
-    """A Hugging Face model directory; it must exist."""
+    """A Hugging Face model directory, or a Hub repo id (``Qwen/Qwen3-1.7B``) resolved to its snapshot in the Hugging
+    Face cache before any work (``actfirst.models.hub``)."""
+    revision: str | None = None
+    """With a Hub id: the branch, tag or commit to use (null: ``main``). A run records here the commit it resolved to
+    (its ``config.json``, its checkpoints); a local directory has none (null)."""
     dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
     max_model_len: int = 4096
     max_num_seqs: int = 256
@@ -75,8 +80,11 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check(bool(self.model.strip()), "model", self.model, "must name a Hugging Face model directory")
-        check_dir(self.model, "model")
+        check(bool(self.model.strip()), "model", self.model, "must name a Hugging Face model directory or Hub id")
+        if not is_hub_id(self.model):
+            check_dir(self.model, "model")
+        check(self.revision is None or bool(self.revision.strip()), "revision", self.revision,
+              "must name a branch, tag or commit (or be null)")
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_gib"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         check(0.0 < self.gpu_memory_utilization <= 1.0, "gpu_memory_utilization", self.gpu_memory_utilization,
@@ -329,10 +337,16 @@ class SFTConfig:
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class BuildModelsConfig:
-    """Models ``actfirst.prepare`` makes when ``teacher`` / ``student.model`` do not exist (the CPU demo): a small
-    BPE trained on the task set's own text, a teacher trained by SFT on the reference steps in the prompt modes
-    of ``teacher_sft.modes`` and evaluated, and a smaller student warm-started by a short SFT in
-    ``student_sft.modes``."""
+    """Models ``actfirst.prepare`` makes (the CPU demo): a small BPE trained on the task set's own text, a teacher
+    trained by SFT on the reference steps in the prompt modes of ``teacher_sft.modes`` and evaluated, and a smaller
+    student warm-started by a short SFT in ``student_sft.modes``. Only into ``teacher_dir`` / ``student_dir``, and
+    only while ``teacher`` / ``student.model`` name that directory and it does not exist: a model named otherwise
+    (another directory, a Hub id) is never built in its place."""
+
+    teacher_dir: str | None = None
+    """Where the teacher is built (null: never built); built only when ``teacher`` is this path."""
+    student_dir: str | None = None
+    """Where the student's warm start is built (null: never built); built only when ``student.model`` is this path."""
 
     tokenizer_vocab_size: int = 2048
     thoughts: Literal["short", "restated", "decided", "surveyed"] = "short"
@@ -347,6 +361,17 @@ class BuildModelsConfig:
 
     def __post_init__(self) -> None:
         check(self.tokenizer_vocab_size >= 300, "tokenizer_vocab_size", self.tokenizer_vocab_size, "must be >= 300")
+        for name in ("teacher_dir", "student_dir"):
+            value = getattr(self, name)
+            check(value is None or bool(value.strip()), name, value, "must name a directory (or be null)")
+        check(self.teacher_dir is not None or self.student_dir is not None, "teacher_dir", self.teacher_dir,
+              "build_models needs teacher_dir or student_dir: the directories it builds into")
+
+    def builds(self, name: str, role: Literal["teacher", "student"]) -> bool:
+        """Whether model ``name`` (the config's ``teacher`` or ``student.model``) is the directory this section
+        builds the ``role`` into."""
+        target = self.teacher_dir if role == "teacher" else self.student_dir
+        return target is not None and Path(name).absolute() == Path(target).absolute()
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -409,7 +434,9 @@ class TrainConfig:
     student: EngineConfig
     """The student: its Hugging Face directory and the in-process vLLM engine serving it."""
     teacher: str
-    """The frozen teacher's Hugging Face directory (same tokenizer as the student)."""
+    """The frozen teacher's Hugging Face directory or Hub repo id (same tokenizer as the student)."""
+    teacher_revision: str | None = None
+    """With a Hub id: the teacher's branch, tag or commit (null: ``main``); the run records the commit it used."""
     teacher_dtype: Literal["bfloat16", "float16", "float32"] = "float32"
     references: str | None = None
     """Reference cache (JSONL of ``python -m actfirst.references build``); required by the strategies that use it."""
@@ -461,7 +488,9 @@ class TrainConfig:
                self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) or reference "
                f"trajectories, which benchmark {self.benchmark!r} does not have; use {', '.join(anywhere[:-1])} or "
                f"{anywhere[-1]}")
-        check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory")
+        check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory or Hub id")
+        check(self.teacher_revision is None or bool(self.teacher_revision.strip()), "teacher_revision",
+              self.teacher_revision, "must name a branch, tag or commit (or be null)")
         check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
         check(self.references is None or bool(self.references.strip()), "references", self.references,
                "must name a reference cache file (or be null)")
@@ -516,9 +545,10 @@ class TrainConfig:
 
 def check_paths(cfg: TrainConfig, *, references: bool = True) -> None:
     """Raise :class:`ConfigError` naming the first input path of ``cfg`` that does not exist (``references``: the
-    reference cache too)."""
-    check_exists(cfg.student.model, "student.model")
-    check_exists(cfg.teacher, "teacher")
+    reference cache too); a Hub id is resolved later (``actfirst.preparation.resolve_models``)."""
+    for key, name in (("student.model", cfg.student.model), ("teacher", cfg.teacher)):
+        if not is_hub_id(name):
+            check_exists(name, key)
     if references and cfg.references is not None:
         check_exists(cfg.references, "references", "file")
 

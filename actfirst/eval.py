@@ -5,6 +5,7 @@ ALFWorld's valid_seen and valid_unseen apart, as Table 1 reports them).
 
     python -m actfirst.eval --checkpoint DIR --benchmark alfworld [--split eval] [--tasks N] [--seeds 42 43 44] \\
         [--out report.json] [key=value ...]        # env config; rollout.*, engine.*, scheduler.* go to those configs
+    python -m actfirst.eval --checkpoint Qwen/Qwen3-1.7B [--revision REV] --benchmark alfworld   # a Hub model
 
 The command line over ``actfirst.evaluation`` (what is played and how: its docstring).
 """
@@ -19,13 +20,16 @@ from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark
 from actfirst.eval_report import EvalReport
 from actfirst.evaluation import EVAL_SEEDS, emit_report, evaluate, pick_tasks, served, serving_configs
-from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
+from actfirst.models.hub import model_commit, resolve_model
+from actfirst.user_input import check_writable_file, command, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m actfirst.eval``."""
     parser = argparse.ArgumentParser(prog="python -m actfirst.eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="the student's Hugging Face directory")
+    parser.add_argument("--checkpoint", required=True,
+                        help="the student's Hugging Face directory, or a Hub id (owner/name) from the HF cache")
+    parser.add_argument("--revision", default=None, help="with a Hub id: its branch, tag or commit (default: main)")
     parser.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
     parser.add_argument("--split", default="eval", choices=["train", "eval"])
     parser.add_argument("--tasks", type=int, default=0, help="evaluate N tasks, round-robin over task types (0: all)")
@@ -56,14 +60,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
         parser.error(f"--seeds={args.seeds}: need distinct seeds >= 0")
-    check_model_dir(args.checkpoint, "--checkpoint")
+    model = resolve_model(args.checkpoint, "--checkpoint", args.revision, revision_key="--revision")
     if args.out:
         check_writable_file(args.out, "--out")
     benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
-        args.checkpoint, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
+        str(model), args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
         budget="eval_total")
     report = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
-    report.meta.update({"checkpoint": str(args.checkpoint), "split": args.split})
+    report.meta.update({"checkpoint": str(args.checkpoint), "commit": model_commit(model), "split": args.split})
     emit_report(report, args.out)
     return 0
 

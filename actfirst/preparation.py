@@ -6,7 +6,9 @@ starts the ranks).
   ``prepare.candidate_files``, and ``prepare.teacher_rollouts`` think-then-act rollouts of the teacher per training
   task, played on the same in-process vLLM engine the student uses (cached beside the references as
   ``<references>.teacher.jsonl``).
-- With ``prepare.build_models`` (the CPU demo, where no weights can be downloaded): a small BPE trained on the
+- With ``prepare.build_models`` (the CPU demo, where no weights can be downloaded), into its ``teacher_dir`` and
+  ``student_dir`` when ``teacher`` / ``student.model`` name them and they do not exist (a model named otherwise, a
+  directory or a Hub id, is resolved by :func:`resolve_models`, never built): a small BPE trained on the
   task set's own prompts, a teacher trained by SFT on the reference steps (its ``teacher_sft.modes``) and evaluated
   (``<teacher>/actfirst_eval.json``: its SR is the demo's target), and a smaller student warm-started by a short
   SFT on all three prompt modes (``actfirst.train.sft``). The teacher's rollouts would need the teacher, which needs
@@ -31,6 +33,7 @@ from actfirst.config import DEMO_CONFIG, BuildModelsConfig, ConfigError, EngineC
 from actfirst.envs.benchmarks import Benchmark, get_benchmark
 from actfirst.eval_report import TEACHER_EVAL
 from actfirst.files import write_atomically
+from actfirst.models.hub import model_commit, resolve_model
 from actfirst.models.tokenizers import check_tokenizers_match
 from actfirst.reference_cache import load_references, read_candidates
 from actfirst.schema import load_config, paths_unchecked
@@ -62,20 +65,20 @@ def ensure_prepared(cfg: TrainConfig) -> dict[str, float]:
             candidates.append(str(_teacher_rollouts(cfg, benchmark)))
         _build_references(cfg, benchmark, candidates)
         timings["references_s"] = time.perf_counter() - started
-    if build is not None:
-        if not Path(cfg.teacher).is_dir() or not Path(cfg.student.model).is_dir():
-            if cfg.references is None or not Path(cfg.references).is_file():
-                raise ConfigError(f"references={cfg.references!r}: prepare.build_models trains on the reference "
-                                  f"cache; set references")
-            steps = _expert_steps(cfg, benchmark)
-        if not Path(cfg.teacher).is_dir():
+    missing = models_to_build(cfg)
+    if missing:
+        if cfg.references is None or not Path(cfg.references).is_file():
+            raise ConfigError(f"references={cfg.references!r}: prepare.build_models trains on the reference "
+                              f"cache; set references")
+        steps = _expert_steps(cfg, benchmark)
+        if "teacher" in missing:
             started = time.perf_counter()
             _build_teacher(cfg, build, benchmark, steps)
             timings["teacher_s"] = time.perf_counter() - started
             started = time.perf_counter()
             evaluate_teacher(cfg, benchmark)
             timings["teacher_eval_s"] = time.perf_counter() - started
-        if not Path(cfg.student.model).is_dir():
+        if "student.model" in missing:
             started = time.perf_counter()
             _build_student(cfg, build, benchmark, steps)
             timings["student_warm_start_s"] = time.perf_counter() - started
@@ -86,17 +89,17 @@ def ensure_prepared(cfg: TrainConfig) -> dict[str, float]:
 
 def check_inputs(cfg: TrainConfig, *, buildable: bool = False) -> None:
     """Everything a training run reads, before any engine, JVM or model starts: the student and the teacher are
-    Hugging Face model directories (config, tokenizer, weights) with the same tokenizer, the reference cache is one
-    of this benchmark and config covering the training tasks, and ``out_dir`` can be written. ``buildable``: a path
-    that preparation builds may be missing (its directory must then be writable)."""
-    built = cfg.prepare.build_models is not None
-    models = [("student.model", cfg.student.model), ("teacher", cfg.teacher)]
-    for key, path in models:
-        if buildable and built and not Path(path).exists():
+    Hugging Face model directories (config, tokenizer, weights; a Hub id resolved first by :func:`resolve_models`)
+    with the same tokenizer, the reference cache is one of this benchmark and config covering the training tasks,
+    and ``out_dir`` can be written. ``buildable``: a model that preparation builds (:func:`models_to_build`) may be
+    missing (its directory must then be writable)."""
+    built = models_to_build(cfg) if buildable else []
+    for key, path in [("student.model", cfg.student.model), ("teacher", cfg.teacher)]:
+        if key in built:
             check_writable_dir(Path(path).parent, key)
         else:
             check_model_dir(path, key)
-    if all(Path(path).exists() for _, path in models):
+    if not built:
         check_tokenizers_match(cfg.student.model, cfg.teacher)
     if cfg.references is not None:
         if Path(cfg.references).is_file():
@@ -109,6 +112,59 @@ def check_inputs(cfg: TrainConfig, *, buildable: bool = False) -> None:
         else:
             raise ConfigError(f"references={cfg.references!r}: no such file")
     check_writable_dir(cfg.out_dir, "out_dir")
+
+
+def models_to_build(cfg: TrainConfig) -> list[str]:
+    """The keys (``teacher``, ``student.model``) of the models preparation builds: those that name their
+    ``prepare.build_models`` directory (``teacher_dir``, ``student_dir``) while it does not exist. A model named
+    otherwise is resolved (:func:`resolve_models`), never built."""
+    build = cfg.prepare.build_models
+    if build is None:
+        return []
+    named = [("teacher", cfg.teacher, "teacher"), ("student.model", cfg.student.model, "student")]
+    return [key for key, name, role in named if build.builds(name, role) and not Path(name).exists()]
+
+
+def resolve_models(cfg: TrainConfig, *, download: bool = True) -> TrainConfig:
+    """``cfg`` with its student and teacher as local model directories (:func:`~actfirst.models.hub.resolve_model`:
+    a directory as it is; a Hub id as its snapshot in the Hugging Face cache, downloaded unless ``download`` is
+    False or ``HF_HUB_OFFLINE=1``, its revision set to the commit used, which the run's ``config.json`` and its
+    checkpoints then record). The models preparation builds stay as they are. Call once, before any engine or
+    process group starts; :func:`model_overrides` hands the result to other processes."""
+    built = models_to_build(cfg)
+    student, teacher, teacher_revision = cfg.student, cfg.teacher, cfg.teacher_revision
+    if "student.model" not in built:
+        model, revision = _resolve(student.model, "student.model", student.revision, "student.revision", download)
+        student = dataclasses.replace(student, model=model, revision=revision)
+    if "teacher" not in built:
+        teacher, teacher_revision = _resolve(teacher, "teacher", teacher_revision, "teacher_revision", download)
+    with paths_unchecked():  # a model still to be built does not exist yet
+        return dataclasses.replace(cfg, student=student, teacher=teacher, teacher_revision=teacher_revision)
+
+
+def _resolve(name: str, key: str, revision: str | None, revision_key: str, download: bool) -> tuple[str, str | None]:
+    """:func:`~actfirst.models.hub.resolve_model` as config values: a Hub snapshot's path and commit (announced where
+    it may have been downloaded); a local directory as it was named, without a revision."""
+    path = resolve_model(name, key, revision, download=download, revision_key=revision_key)
+    commit = model_commit(path)
+    if commit == "local":
+        return name, None
+    if download:
+        print(f"[models] {key}={name!r}: {path} (commit {commit})", flush=True)
+    return str(path), commit
+
+
+def model_overrides(cfg: TrainConfig) -> list[str]:
+    """``key=value`` overrides that hand the Hub models :func:`resolve_models` resolved in ``cfg`` to another
+    process (a rank, preparation's child): their snapshot paths and commits, so that it neither looks a revision up
+    again nor downloads. Local directories need none (the same config names them)."""
+    models = [("student.model", "student.revision", cfg.student.model, cfg.student.revision),
+              ("teacher", "teacher_revision", cfg.teacher, cfg.teacher_revision)]
+    overrides = []
+    for key, revision_key, name, revision in models:
+        if revision is not None and model_commit(name) == revision:
+            overrides += [f"{key}={json.dumps(name)}", f"{revision_key}={json.dumps(revision)}"]
+    return overrides
 
 
 # -- the reference cache ------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from actfirst.preparation import ensure_prepared, load_run_config
+from actfirst.preparation import ensure_prepared, load_run_config, resolve_models
 from actfirst.user_input import command
 
 
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo's)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    cfg = load_run_config(args.config, args.overrides)
+    cfg = resolve_models(load_run_config(args.config, args.overrides))
     timings = ensure_prepared(cfg)
     done = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in timings.items()) or "nothing to do: everything exists"
     print(f"[prepare] {done}; references {cfg.references}, teacher {cfg.teacher}, student {cfg.student.model}")

@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Launch the run (no torchrun environment) or run this process's rank; returns the exit status."""
     from actfirst.parallel.context import launched_as_rank
-    from actfirst.preparation import check_inputs, load_run_config
+    from actfirst.preparation import check_inputs, load_run_config, resolve_models
     from actfirst.training_run import run_rank
 
     args = build_parser().parse_args(argv)
@@ -54,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         return launch(args)
     from torch.distributed.elastic.multiprocessing.errors import record
 
-    cfg = load_run_config(args.config, args.overrides)  # a rank started by the launcher or by torchrun
+    # a rank started by the launcher (its models resolved there) or by torchrun: it never downloads a model
+    cfg = resolve_models(load_run_config(args.config, args.overrides), download=False)
     check_inputs(cfg)
     # an error is written where the launcher reads it
     status = record(run_rank)(cfg, resume=args.resume, config=args.config)
@@ -67,9 +68,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def launch(args: argparse.Namespace) -> int:
-    """The launching process: check the config, prepare what is missing, start the ranks."""
+    """The launching process: check the config, resolve its models (downloading Hub ids), prepare what is missing,
+    start the ranks (with the models' local paths)."""
     from actfirst.parallel.launch import default_nproc, launch_ranks
-    from actfirst.preparation import load_run_config
+    from actfirst.preparation import load_run_config, model_overrides, resolve_models
     from actfirst.train.trainer import check_layout
     from actfirst.training_run import prepare, run_rank
 
@@ -83,12 +85,14 @@ def launch(args: argparse.Namespace) -> int:
         raise ConfigError(f"out_dir={cfg.out_dir!r} holds a run: add --resume to continue it, or give another "
                           f"out_dir=... to start a new one")
     print(f"[run] config {args.config or DEMO_CONFIG}; out_dir {cfg.out_dir}; {nproc} rank(s)", flush=True)
-    timings = prepare(cfg, args.config, args.overrides, in_child=nproc > 1)  # every input is checked first
+    cfg = resolve_models(cfg)
+    resolved = model_overrides(cfg)
+    timings = prepare(cfg, args.config, [*args.overrides, *resolved], in_child=nproc > 1)  # inputs checked first
     os.environ[LAUNCH_ENV] = json.dumps({"started": started, "prepare_s": time.time() - started,
                                          "prepare_stages_s": timings})
     if nproc == 1:
         return run_rank(cfg, resume=args.resume, config=args.config)
-    return launch_ranks(nproc, ["-m", "actfirst.run", *rank_argv(args)])
+    return launch_ranks(nproc, ["-m", "actfirst.run", *rank_argv(args), *resolved])
 
 
 def rank_argv(args: argparse.Namespace) -> list[str]:

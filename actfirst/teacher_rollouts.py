@@ -17,13 +17,14 @@ from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark
 from actfirst.evaluation import pick_tasks, served, serving_configs
 from actfirst.teacher_candidates import MAX_REPEATS, teacher_candidates, write_candidates
-from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
+from actfirst.models.hub import resolve_model
+from actfirst.user_input import check_writable_file, command, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m actfirst.teacher_rollouts``."""
     parser = argparse.ArgumentParser(prog="python -m actfirst.teacher_rollouts", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--teacher", required=True, help="the teacher's Hugging Face directory")
+    parser.add_argument("--teacher", required=True, help="the teacher's Hugging Face directory or Hub id")
     parser.add_argument("--benchmark", required=True, choices=sorted(n for n, b in BENCHMARKS.items() if b.fast_actions))
     parser.add_argument("--out", required=True, help="candidate JSONL to write")
     parser.add_argument("--split", default="train", choices=["train", "eval"])
@@ -62,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
     if args.seed < 0:
         parser.error(f"--seed={args.seed}: must be >= 0")
-    check_model_dir(args.teacher, "--teacher")
+    teacher = resolve_model(args.teacher, "--teacher")
     check_writable_file(args.out, "--out")
     benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
-        args.teacher, args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
+        str(teacher), args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
         budget="total")
     candidates = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
     print(f"wrote {write_candidates(args.out, candidates)}", flush=True)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from actfirst.config import DEMO_CONFIG, TrainConfig
 from actfirst.eval_report import load_episodes, sr_change, teacher_summary
-from actfirst.preparation import ensure_prepared, load_run_config
+from actfirst.preparation import ensure_prepared, load_run_config, resolve_models
 from actfirst.train.clock import PARTS, launch_info
 
 if TYPE_CHECKING:
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 
 def prepare(cfg: TrainConfig, config: str | None, overrides: list[str], *, in_child: bool) -> dict[str, float]:
-    """Build what the run of ``cfg`` (loaded from ``config`` and ``overrides``) needs that is missing
-    (:func:`ensure_prepared`). ``in_child``: in a child process, so that no engine or GPU memory of the preparation
-    outlives it into the ranks."""
+    """Build what the run of ``cfg`` (loaded from ``config`` and ``overrides``, which hand on its resolved models:
+    ``actfirst.preparation.model_overrides``) needs that is missing (:func:`ensure_prepared`). ``in_child``: in a
+    child process, so that no engine or GPU memory of the preparation outlives it into the ranks."""
     if not in_child:
         return ensure_prepared(cfg)
     with mp.get_context("spawn").Pool(1) as pool:
@@ -31,7 +31,7 @@ def prepare(cfg: TrainConfig, config: str | None, overrides: list[str], *, in_ch
 
 
 def _prepare_child(config: str | None, overrides: list[str]) -> dict[str, float]:
-    return ensure_prepared(load_run_config(config, overrides))
+    return ensure_prepared(resolve_models(load_run_config(config, overrides), download=False))
 
 
 def run_rank(cfg: TrainConfig, *, resume: bool, config: str | None) -> int:

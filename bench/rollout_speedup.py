@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import random
@@ -38,8 +39,9 @@ from actfirst.config import ModelConfig, RolloutSpeedupConfig, SchedulerConfig  
 from actfirst.engine.core import ActFirstEngine, summarize_records  # noqa: E402
 from actfirst.engine.request import RequestKind, SamplingSpec  # noqa: E402
 from actfirst.models.build import build_model, environment_corpus  # noqa: E402
+from actfirst.models.hub import resolve_model  # noqa: E402
 from actfirst.schema import load_config, paths_unchecked, to_dict  # noqa: E402
-from actfirst.user_input import check_model_dir, check_writable_dir, command  # noqa: E402
+from actfirst.user_input import check_writable_dir, command  # noqa: E402
 
 FAST, FULL = RequestKind.FAST_ACTION, RequestKind.FULL_RESPONSE
 
@@ -359,7 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"building {args.model_config} at {model_path}", flush=True)
         build_model(model_cfg, model_path)
     cfg = load_config(RolloutSpeedupConfig, args.config, args.overrides)
-    check_model_dir(cfg.engine.model, "engine.model")
+    model = resolve_model(cfg.engine.model, "engine.model", cfg.engine.revision, revision_key="engine.revision")
+    cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, model=str(model)))
     check_writable_dir(cfg.out_dir, "out_dir")
     out_dir = Path(cfg.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

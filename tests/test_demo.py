@@ -33,6 +33,7 @@ def demo_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo")
     overrides = [
         f"references={root / 'refs.jsonl'}", f"teacher={root / 'teacher'}", f"student.model={root / 'student'}",
+        f"prepare.build_models.teacher_dir={root / 'teacher'}", f"prepare.build_models.student_dir={root / 'student'}",
         f"out_dir={root / 'run'}", "train_tasks=4", "env.eval_variations=2", "env.max_turns=4",
         "evaluation.seeds=[42]", "evaluation.every=1", "evaluation.max_in_flight=2", "rollout.batch_tasks=2",
         "rollout.budget.first_stage=8", "rollout.budget.total=12", "rollout.budget.second_stage=4",
