@@ -192,8 +192,30 @@ def _few(items: set) -> str:
     return ", ".join(repr(x) for x in items[:5]) + (f" (+{len(items) - 5} more)" if len(items) > 5 else "")
 
 
+PROBE_TEXTS = (
+    "You are in the kitchen. On the counter you see a mug, an apple and 2 keys.",
+    "<think>\nThe apple is on the counter; take it first.\n</think>\n\n<action>take apple from counter</action>",
+    "  indented\tand\r\nwindows lines, café, 中文, ½, emoji 🤖, numbers 1234567890",
+    "<think></think>",
+)
+"""Texts whose ids two tokenizers must agree on (with ``<think>``, ``</think>`` and each one's special tokens)."""
+
+PROBE_CONVERSATIONS = (
+    [{"role": "user", "content": "Your task is to boil water. You are in the kitchen. What do you do next?"}],
+    [{"role": "system", "content": "You are an agent in a text world."},
+     {"role": "user", "content": "You see a door to the north."},
+     {"role": "assistant", "content": "<think>\nGo north.\n</think>\n\n<action>go north</action>"},
+     {"role": "user", "content": "You are in the hallway."}],
+)
+"""Conversations whose chat-template rendering (generation prompt added, with and without thinking, as
+``actfirst.prompts`` renders prompts) two tokenizers must turn into the same ids."""
+
+
 def tokenizer_differences(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> list[str]:
-    """What differs between two tokenizers: vocabulary (token -> id), added tokens, chat template."""
+    """What differs between two tokenizers in the ids they give: the vocabulary (token -> id, hence its size), the
+    added tokens and which are special, the eos/pad/bos ids, the ids of :data:`PROBE_TEXTS` and of the special
+    tokens, and the chat template's ids for :data:`PROBE_CONVERSATIONS`. A template's text is not compared: two
+    templates that render the same ids are the same."""
     diffs = []
     va, vb = a.get_vocab(), b.get_vocab()
     if va != vb:
@@ -209,9 +231,40 @@ def tokenizer_differences(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase
     if added_a != added_b:
         diffs.append(f"added tokens (id, content, special) only in the first: {_few(added_a - added_b) or 'none'}; "
                      f"only in the second: {_few(added_b - added_a) or 'none'}")
-    if a.chat_template != b.chat_template:
-        diffs.append("chat template")
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        if getattr(a, name) != getattr(b, name):
+            diffs.append(f"{name} {getattr(a, name)} vs {getattr(b, name)}")
+    texts = [*PROBE_TEXTS, "<think>", "</think>", *sorted(set(a.all_special_tokens) | set(b.all_special_tokens))]
+    encoded = [(t, a.encode(t, add_special_tokens=False), b.encode(t, add_special_tokens=False)) for t in texts]
+    differ = [(t, x, y) for t, x, y in encoded if x != y]
+    if differ:
+        t, x, y = differ[0]
+        diffs.append(f"the ids of {len(differ)} of {len(texts)} probe texts, first {t[:40]!r}: {_difference(x, y)}")
+    renders = [(_render(a, conversation, thinking), _render(b, conversation, thinking))
+               for conversation in PROBE_CONVERSATIONS for thinking in (True, False)]
+    differ = [(x, y) for x, y in renders if x != y]
+    if differ:
+        x, y = differ[0]
+        diffs.append(f"the chat template's ids for {len(differ)} of {len(renders)} probe conversations, first "
+                     f"{_difference(x, y)}")
     return diffs
+
+
+def _render(tokenizer: PreTrainedTokenizerBase, conversation: list[dict[str, str]], thinking: bool) -> list[int] | str:
+    """The ids of ``conversation`` through ``tokenizer``'s chat template with the generation prompt (as
+    ``actfirst.prompts`` renders a prompt), or why there are none."""
+    if tokenizer.chat_template is None:
+        return "no chat template"
+    return list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False, enable_thinking=thinking))
+
+
+def _difference(x: list[int] | str, y: list[int] | str) -> str:
+    """Where two probes' ids part, for a message: a few ids of each from the first that differs."""
+    if isinstance(x, str) or isinstance(y, str):
+        return f"{x if isinstance(x, str) else 'ids'} vs {y if isinstance(y, str) else 'ids'}"
+    i = next((k for k, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    return f"from id {i} on, {x[i:i + 6]} vs {y[i:i + 6]} ({len(x)} vs {len(y)} ids)"
 
 
 def check_same_tokenizer(student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, *, student_name: str,
