@@ -20,11 +20,11 @@ from actfirst.config import ConfigError, TrainConfig
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from actfirst.evaluation import emit_report, pick_tasks, served
+from actfirst.models.hub import resolve_model
 from actfirst.preparation import load_run_config
 from actfirst.quality import STRATEGIES, measure_quality, model_len_needed, quality_rollout_config
 from actfirst.quality_report import QualityReport
 from actfirst.reference_cache import load_references
-from actfirst.models.hub import resolve_model
 from actfirst.user_input import check_exists, check_writable_file, command, positive_int
 
 
@@ -32,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m actfirst.rollout_quality``."""
     parser = argparse.ArgumentParser(prog="python -m actfirst.rollout_quality", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="the frozen student's Hugging Face directory or Hub id")
+    parser.add_argument("--revision", default=None, help="with a Hub id: its branch, tag or commit (default: main)")
     parser.add_argument("--config", required=True, help="the training config (benchmark, tasks, references, budget)")
     parser.add_argument("--tasks", type=int, default=0, help="N training tasks, round-robin over task types (0: all)")
     parser.add_argument("--seed", type=int, default=42, help="base of the sampling seeds")
@@ -44,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 def load_inputs(args: argparse.Namespace) -> tuple[TrainConfig, Benchmark, list, dict[str, Reference]]:
     """The config, benchmark, tasks and references of ``args``, every input checked before any engine starts
     (``ConfigError`` naming the first that cannot be used). The teacher is not read, so its path is not checked."""
-    args.checkpoint = str(resolve_model(args.checkpoint, "--checkpoint"))  # a Hub id: its snapshot's directory
+    args.checkpoint = str(resolve_model(args.checkpoint, "--checkpoint", args.revision,  # a Hub id: its snapshot
+                                        revision_key="--revision"))
     if args.out:
         check_writable_file(args.out, "--out")
     cfg = load_run_config(args.config, args.overrides)

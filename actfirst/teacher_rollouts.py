@@ -16,8 +16,8 @@ import sys
 from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark
 from actfirst.evaluation import pick_tasks, served, serving_configs
-from actfirst.teacher_candidates import MAX_REPEATS, teacher_candidates, write_candidates
 from actfirst.models.hub import resolve_model
+from actfirst.teacher_candidates import MAX_REPEATS, teacher_candidates, write_candidates
 from actfirst.user_input import check_writable_file, command, positive_int
 
 
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m actfirst.teacher_rollouts``."""
     parser = argparse.ArgumentParser(prog="python -m actfirst.teacher_rollouts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", required=True, help="the teacher's Hugging Face directory or Hub id")
+    parser.add_argument("--revision", default=None, help="with a Hub id: its branch, tag or commit (default: main)")
     parser.add_argument("--benchmark", required=True, choices=sorted(n for n, b in BENCHMARKS.items() if b.fast_actions))
     parser.add_argument("--out", required=True, help="candidate JSONL to write")
     parser.add_argument("--split", default="train", choices=["train", "eval"])
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--max-in-flight={args.max_in_flight}: must be >= 1")
     if args.seed < 0:
         parser.error(f"--seed={args.seed}: must be >= 0")
-    teacher = resolve_model(args.teacher, "--teacher")
+    teacher = resolve_model(args.teacher, "--teacher", args.revision, revision_key="--revision")
     check_writable_file(args.out, "--out")
     benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
         str(teacher), args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,

@@ -345,8 +345,9 @@ def save_config(cfg: StandInConfig) -> None:
 
 @pytest.fixture
 def stand_ins(monkeypatch):
-    """Stand-ins for the config loader, the preparation, the teacher's summary and the trainer (which writes a
-    finished run of 4 updates and its config); the calls they got, in order."""
+    """Stand-ins for the config loader (and the models' resolution: it names none), the preparation, the teacher's
+    summary and the trainer (which writes a finished run of 4 updates and its config); the calls they got, in
+    order."""
     calls = []
 
     def stand_in_load_run_config(config, overrides):
@@ -361,7 +362,7 @@ def stand_ins(monkeypatch):
         save_config(cfg)
 
     monkeypatch.setitem(sys.modules, "actfirst.preparation", types.SimpleNamespace(
-        load_run_config=stand_in_load_run_config,
+        load_run_config=stand_in_load_run_config, resolve_models=lambda cfg: cfg,
         check_inputs=lambda cfg, buildable: calls.append(("check", cfg.strategy, cfg.seed)),
         ensure_prepared=lambda cfg: calls.append(("prepare", cfg.strategy, cfg.seed))))
     import actfirst.eval_report

@@ -163,6 +163,7 @@ def test_demo_config_builds_its_models_from_nothing():
     assert Path(DEMO_CONFIG).is_file()
     build = cfg.prepare.build_models
     assert build is not None and build.student_sft.modes == ["full_response", "next_action", "inverse_dynamics"]
+    assert (build.teacher_dir, build.student_dir) == (cfg.teacher, cfg.student.model)  # it builds only its own
     env = cfg.env
     assert env.eval_task_types == env.train_task_types
     assert len(env.eval_task_types) * env.eval_variations * len(cfg.evaluation.seeds) >= 64

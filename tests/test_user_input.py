@@ -180,6 +180,75 @@ def test_a_teacher_with_another_tokenizer(capsys, tmp_path, tiny_model_dir, out_
     assert not out_dir.exists()
 
 
+@pytest.fixture
+def offline(tmp_path, monkeypatch) -> Path:
+    """An empty Hugging Face cache and ``HF_HUB_OFFLINE=1`` (environment and huggingface_hub's constants); the
+    working directory is ``tmp_path``, where a model built in place of a named one would appear."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf-cache"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.chdir(tmp_path)
+    return cache
+
+
+@pytest.mark.parametrize("prog", ["actfirst.run", "actfirst.prepare"])
+def test_a_hub_id_not_cached_offline_on_the_demo_config_is_refused_not_built(capsys, offline, tmp_path, prog):
+    """The demo config builds models only into its own directories: a named model that is not found is refused in
+    one line naming it, and nothing is built in its place (issue 35)."""
+    import importlib
+
+    args = ["student.model=road-test/no-such-model", f"teacher={TEACHER}", f"references={REFERENCES}",
+            f"out_dir={tmp_path / 'run'}"]
+    assert importlib.import_module(prog).main(args) == 2
+    line = one_line(capsys, prog)
+    assert line.endswith("student.model='road-test/no-such-model': not a local directory and not in the Hugging Face "
+                         f"cache ({offline}; HF_HUB_OFFLINE=1); download it with `hf download road-test/no-such-model`"
+                         ", or name a local directory"), line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], list(tmp_path.iterdir())  # no road-test/, no run/
+
+
+def test_the_demo_builds_only_into_its_own_directories(tmp_path):
+    from actfirst.preparation import check_inputs, load_run_config, models_to_build
+
+    built = [f"prepare.build_models.teacher_dir={tmp_path / 't'}", f"prepare.build_models.student_dir={tmp_path / 's'}"]
+    named = [f"teacher={tmp_path / 't'}", f"student.model={tmp_path / 's'}", f"out_dir={tmp_path / 'run'}"]
+    assert models_to_build(load_run_config(None, named + built)) == ["teacher", "student.model"]
+    assert models_to_build(load_run_config(None, named + built[:1])) == ["teacher"]
+    cfg = load_run_config(None, named)  # the demo's own directories are elsewhere: nothing is built here
+    assert models_to_build(cfg) == []
+    with pytest.raises(ConfigError, match=rf"^student.model={str(tmp_path / 's')!r}: no such directory$"):
+        check_inputs(cfg, buildable=True)
+    with pytest.raises(ConfigError, match=r"^prepare.build_models.teacher_dir=None: build_models needs teacher_dir or "
+                                          r"student_dir"):
+        load_run_config(None, ["prepare.build_models.teacher_dir=null", "prepare.build_models.student_dir=null"])
+
+
+def test_a_revision_of_a_local_directory_is_refused(capsys, out_dir):
+    status, line = run_main(capsys, f"student.model={TEACHER}", "student.revision=v1", f"out_dir={out_dir}")
+    assert status == 2 and line.endswith(f"student.revision='v1': student.model={str(TEACHER)!r} is a local "
+                                         f"directory, which has no revisions (a revision picks a version of a "
+                                         f"Hugging Face Hub id)"), line
+
+
+def test_a_model_that_is_neither_a_directory_nor_a_hub_id(capsys, out_dir):
+    status, line = run_main(capsys, "teacher=/models/qwen3-8b-teacher", f"out_dir={out_dir}")
+    assert status == 2 and line.endswith("teacher='/models/qwen3-8b-teacher': no such directory, and not a Hugging "
+                                         "Face Hub id (owner/name)"), line
+    assert not out_dir.exists()
+
+
+def test_eval_a_hub_checkpoint_not_cached_offline(capsys, offline):
+    from actfirst.eval import main
+
+    assert main(["--checkpoint", "road-test/no-such-model", "--revision", "v2", "--benchmark", "scienceworld"]) == 2
+    line = one_line(capsys, "actfirst.eval")
+    assert "--checkpoint='road-test/no-such-model': not a local directory and not in the Hugging Face cache" in line
+    assert "`hf download road-test/no-such-model --revision v2`" in line, line
+
+
 @pytest.mark.parametrize("where,why", [("/proc/forbidden", "cannot be written (in '/proc')"),
                                        ("FILE/run", "which is not a directory")])
 def test_an_out_dir_that_cannot_be_made(capsys, tmp_path, where, why):
