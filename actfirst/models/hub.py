@@ -65,7 +65,7 @@ def resolve_model(name: str, key: str, revision: str | None = None, *, download:
         if revision is not None and model_commit(path) != revision:
             raise ConfigError(f"{revision_key}={revision!r}: {key}={name!r} is a local directory, which has no "
                               f"revisions (a revision picks a version of a Hugging Face Hub id)")
-        check_model_dir(path, key)
+        check_model_dir(name, key)
         return path
     if not is_hub_id(name):
         raise ConfigError(f"{key}={name!r}: no such directory, and not a Hugging Face Hub id (owner/name)")

@@ -159,3 +159,29 @@ def test_a_run_resolves_its_models_records_the_commits_and_hands_them_on(offline
     (offline_cache / "models--road-test--demo-teacher" / "refs" / "main").write_text(OTHER_COMMIT)  # main moved on
     rank = resolve_models(load_run_config(None, overrides + handed), download=False)
     assert to_dict(rank) == to_dict(cfg)
+
+
+def test_a_command_resolves_an_id_from_the_environment_alone(offline_cache, tiny_model_dir, tmp_path):
+    """``python -m actfirst.eval`` in a fresh process, told only by ``HF_HUB_OFFLINE=1`` and ``HF_HUB_CACHE``: the id
+    resolves (the model's own config then bounds the engine, which refuses a context too short for the prompt and
+    the evaluation budget, before any engine starts); an uncached id is refused in one line."""
+    import subprocess
+    import sys
+
+    cache_model(offline_cache, "road-test/tiny", tiny_model_dir)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the fixture set HF_HUB_OFFLINE and HF_HUB_CACHE
+    base = [sys.executable, "-m", "actfirst.eval", "--benchmark", "scienceworld", "--out", str(tmp_path / "r.json")]
+    short = subprocess.run(base + ["--checkpoint", "road-test/tiny", "rollout.max_prompt_tokens=900",
+                                   "rollout.budget.eval_total=24", "rollout.budget.eval_first_stage=16",
+                                   "engine.max_model_len=512"], capture_output=True, text=True, timeout=300, env=env,
+                           cwd=ROOT)
+    assert short.returncode == 2 and short.stderr.strip().endswith(
+        "rollout.max_prompt_tokens=900 + rollout.budget.eval_total=24 = 924 exceeds engine.max_model_len=512"), \
+        short.stderr[-2000:]
+    missing = subprocess.run(base + ["--checkpoint", "road-test/other"], capture_output=True, text=True, timeout=300,
+                             env=env, cwd=ROOT)
+    assert missing.returncode == 2 and missing.stderr.strip() == (
+        "python -m actfirst.eval: error: --checkpoint='road-test/other': not a local directory and not in the Hugging "
+        f"Face cache ({offline_cache}; HF_HUB_OFFLINE=1); download it with `hf download road-test/other`, or name a "
+        "local directory"), missing.stderr[-2000:]
+    assert not (tmp_path / "r.json").exists()
