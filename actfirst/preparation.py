@@ -143,8 +143,11 @@ def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark, nproc: int) -> Pat
     tasks = cfg.training_tasks(benchmark)
     print(f"[prepare] teacher rollouts: {cfg.prepare.teacher_rollouts} per task x {len(tasks)} training tasks on "
           f"{nproc} rank(s), up to {cfg.scheduler.b_max} episodes at once on each", flush=True)
+    started = time.perf_counter()
     _on_ranks(cfg, "teacher", nproc)
-    return merge_candidates(path, [benchmark.task_key(t) for t in tasks])
+    merge_candidates(path, [benchmark.task_key(t) for t in tasks])
+    print(f"[prepare] teacher rollouts: {time.perf_counter() - started:.0f} s on {nproc} rank(s) -> {path}", flush=True)
+    return path
 
 
 def _build_references(cfg: TrainConfig, benchmark: Benchmark, candidate_files: list[str], nproc: int) -> None:
@@ -153,9 +156,8 @@ def _build_references(cfg: TrainConfig, benchmark: Benchmark, candidate_files: l
     tasks = cfg.training_tasks(benchmark)
     print(f"[prepare] reference cache for {len(tasks)} training tasks on {nproc} rank(s) -> {cfg.references}",
           flush=True)
-    Path(cfg.references).parent.mkdir(parents=True, exist_ok=True)
-    # the ranks read every candidate file from their config
-    cfg = dataclasses.replace(cfg, prepare=dataclasses.replace(cfg.prepare, candidate_files=candidate_files))
+    with paths_unchecked():  # the ranks read every candidate file from their config
+        cfg = dataclasses.replace(cfg, prepare=dataclasses.replace(cfg.prepare, candidate_files=candidate_files))
     _on_ranks(cfg, "references", nproc)
     publish_references(benchmark, tasks, out=cfg.references, candidate_files=candidate_files,
                        shorten=cfg.prepare.shorten)
@@ -174,7 +176,9 @@ def _on_ranks(cfg: TrainConfig, stage: str, nproc: int) -> None:
     from actfirst.parallel.launch import launch_ranks
     from actfirst.schema import config_json
 
-    config = write_atomically(Path(f"{cfg.references}.{stage}.config.json"), config_json(cfg))
+    config = Path(f"{cfg.references}.{stage}.config.json")
+    config.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(config, config_json(cfg))
     try:
         status = launch_ranks(nproc, ["-m", "actfirst.prepare", "--stage", stage, "--config", str(config)],
                               advice="rerun to resume: every finished task is kept")
