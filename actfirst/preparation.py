@@ -14,6 +14,12 @@ starts the ranks).
 
 Whatever exists is kept: a second call does nothing. Every artifact is written into a temporary path and renamed
 into place, so an interrupted preparation never leaves a half-written model or cache behind.
+
+The teacher's rollouts and the replay (:data:`STAGES`) are shared by ``nproc`` ranks, one in this process or several
+started as ``python -m actfirst.prepare --stage`` (:func:`run_stage`: rank r takes the training tasks r, r + R, ...;
+the teacher on each rank's own engine, ``scheduler.b_max`` episodes in flight). Each rank appends every finished
+task to its journal (``actfirst.journal``), so that a killed preparation resumes, on any number of ranks, with the
+missing tasks only; the journals are merged atomically once every task is done.
 """
 
 from __future__ import annotations
@@ -50,8 +56,8 @@ def load_run_config(config: str | None, overrides: list[str]) -> TrainConfig:
 def ensure_prepared(cfg: TrainConfig, nproc: int = 1) -> dict[str, float]:
     """Build whatever ``cfg`` needs that is missing (see the module docstring), the teacher's rollouts and the
     reference replay on ``nproc`` ranks (:func:`run_stage`); returns each stage's wall-clock (s) for the stages that
-    ran. Every input is checked first (:func:`check_inputs` with ``buildable``) and again
-    once built; a ``ConfigError`` names the first that cannot be used."""
+    ran. Every input is checked first (:func:`check_inputs` with ``buildable``) and again once built; a
+    ``ConfigError`` names the first that cannot be used."""
     check_inputs(cfg, buildable=True)
     build = cfg.prepare.build_models
     benchmark = get_benchmark(cfg.benchmark, cfg.env)
@@ -193,14 +199,9 @@ def run_stage(cfg: TrainConfig, stage: str) -> None:
     environment) takes every R-th training task from its rank; any other process takes them all."""
     from actfirst.parallel.context import launched_as_rank
 
-    if stage not in STAGES:
-        raise ConfigError(f"--stage={stage!r}: must be one of {list(STAGES)}")
     rank, world = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE")) if launched_as_rank() else (0, 1)
-    benchmark = get_benchmark(cfg.benchmark, cfg.env)
-    if stage == "teacher":
-        _teacher_share(cfg, benchmark, rank, world)
-    else:
-        _references_share(cfg, benchmark, rank, world)
+    share = _teacher_share if stage == "teacher" else _references_share
+    share(cfg, get_benchmark(cfg.benchmark, cfg.env), rank, world)
 
 
 def _teacher_share(cfg: TrainConfig, benchmark: Benchmark, rank: int, world: int) -> None:

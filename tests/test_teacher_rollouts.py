@@ -238,7 +238,8 @@ def test_one_rank_plays_every_task_once_and_keeps_the_win(one_rank, benchmark):
     text, played = one_rank
     stride = 2 * MAX_TURNS + BUDGET.total + 2
     assert sorted(played) == sorted((benchmark.task_key(t), rollout_seed(5, i, 0, stride)) for i, t in enumerate(TASKS))
-    assert [json.loads(line) for line in text.splitlines()] == [{"task": "lifespan-longest-lived/3", "actions": [ACTION]}]
+    assert [json.loads(line) for line in text.splitlines()] == [
+        {"task": "lifespan-longest-lived/3", "actions": [ACTION]}]
 
 
 @pytest.mark.parametrize("world", [2, 3])
