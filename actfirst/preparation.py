@@ -16,6 +16,12 @@ starts the ranks).
 
 Whatever exists is kept: a second call does nothing. Every artifact is written into a temporary path and renamed
 into place, so an interrupted preparation never leaves a half-written model or cache behind.
+
+The teacher's rollouts and the replay (:data:`STAGES`) are shared by ``nproc`` ranks, one in this process or several
+started as ``python -m actfirst.prepare --stage`` (:func:`run_stage`: rank r takes the training tasks r, r + R, ...;
+the teacher on each rank's own engine, ``scheduler.b_max`` episodes in flight). Each rank appends every finished
+task to its journal (``actfirst.journal``), so that a killed preparation resumes, on any number of ranks, with the
+missing tasks only; the journals are merged atomically once every task is done.
 """
 
 from __future__ import annotations
@@ -50,10 +56,11 @@ def load_run_config(config: str | None, overrides: list[str]) -> TrainConfig:
         return load_config(TrainConfig, config or str(DEMO_CONFIG), overrides)
 
 
-def ensure_prepared(cfg: TrainConfig) -> dict[str, float]:
-    """Build whatever ``cfg`` needs that is missing (see the module docstring); returns each stage's wall-clock
-    (s) for the stages that ran. Every input is checked first (:func:`check_inputs` with ``buildable``) and again
-    once built; a ``ConfigError`` names the first that cannot be used."""
+def ensure_prepared(cfg: TrainConfig, nproc: int = 1) -> dict[str, float]:
+    """Build whatever ``cfg`` needs that is missing (see the module docstring), the teacher's rollouts and the
+    reference replay on ``nproc`` ranks (:func:`run_stage`); returns each stage's wall-clock (s) for the stages that
+    ran. Every input is checked first (:func:`check_inputs` with ``buildable``) and again once built; a
+    ``ConfigError`` names the first that cannot be used."""
     check_inputs(cfg, buildable=True)
     build = cfg.prepare.build_models
     benchmark = get_benchmark(cfg.benchmark, cfg.env)
@@ -62,8 +69,8 @@ def ensure_prepared(cfg: TrainConfig) -> dict[str, float]:
         started = time.perf_counter()
         candidates = list(cfg.prepare.candidate_files)
         if cfg.prepare.teacher_rollouts and build is None:
-            candidates.append(str(_teacher_rollouts(cfg, benchmark)))
-        _build_references(cfg, benchmark, candidates)
+            candidates.append(str(_teacher_rollouts(cfg, benchmark, nproc)))
+        _build_references(cfg, benchmark, candidates, nproc)
         timings["references_s"] = time.perf_counter() - started
     missing = models_to_build(cfg)
     if missing:
@@ -175,43 +182,122 @@ def _engine_config(cfg: TrainConfig, model: str, need_tokens: int) -> EngineConf
                                max_num_batched_tokens=max(cfg.student.max_num_batched_tokens, need_tokens))
 
 
-def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark) -> Path:
-    """The teacher's rollouts that may become references, as candidates (cached as ``<references>.teacher.jsonl``)."""
-    from transformers import AutoTokenizer
+STAGES = ("teacher", "references")
+"""The stages of preparation that every rank shares (:func:`run_stage`): the teacher's rollouts, the replay."""
 
-    from actfirst.engine.core import ActFirstEngine
-    from actfirst.teacher_candidates import teacher_candidates, write_candidates
 
-    path = Path(f"{cfg.references}.teacher.jsonl")
+STAGE_TIMEOUT_S = 30 * 24 * 3600.0
+"""How long a rank that has played its share waits for the others (the process group's timeout)."""
+
+
+class RankFailed(RuntimeError):
+    """A rank of a preparation stage failed; the launcher has printed which and why."""
+
+
+def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark, nproc: int) -> Path:
+    """The teacher's rollouts that may become references, as candidates (cached as ``<references>.teacher.jsonl``):
+    played on ``nproc`` ranks, each task's as it finishes in its rank's journal, merged once all are done."""
+    from actfirst.teacher_candidates import merge_candidates
+
+    path = _teacher_path(cfg)
     if path.is_file():
         return path
     tasks = cfg.training_tasks(benchmark)
-    print(f"[prepare] teacher rollouts: {cfg.prepare.teacher_rollouts} per task x {len(tasks)} training tasks",
+    print(f"[prepare] teacher rollouts: {cfg.prepare.teacher_rollouts} per task x {len(tasks)} training tasks on "
+          f"{nproc} rank(s), up to {cfg.scheduler.b_max} episodes at once on each", flush=True)
+    started = time.perf_counter()
+    _on_ranks(cfg, "teacher", nproc)
+    merge_candidates(path, [benchmark.task_key(t) for t in tasks])
+    print(f"[prepare] teacher rollouts: {time.perf_counter() - started:.0f} s on {nproc} rank(s) -> {path}", flush=True)
+    return path
+
+
+def _build_references(cfg: TrainConfig, benchmark: Benchmark, candidate_files: list[str], nproc: int) -> None:
+    from actfirst.reference_cache import publish_references
+
+    tasks = cfg.training_tasks(benchmark)
+    print(f"[prepare] reference cache for {len(tasks)} training tasks on {nproc} rank(s) -> {cfg.references}",
           flush=True)
+    with paths_unchecked():  # the ranks read every candidate file from their config
+        cfg = dataclasses.replace(cfg, prepare=dataclasses.replace(cfg.prepare, candidate_files=candidate_files))
+    _on_ranks(cfg, "references", nproc)
+    publish_references(benchmark, tasks, out=cfg.references, candidate_files=candidate_files,
+                       shorten=cfg.prepare.shorten)
+
+
+def _teacher_path(cfg: TrainConfig) -> Path:
+    return Path(f"{cfg.references}.teacher.jsonl")
+
+
+def _on_ranks(cfg: TrainConfig, stage: str, nproc: int) -> None:
+    """Run ``stage`` on ``nproc`` ranks: one in this process; several as the ranks of a one-node job, each
+    ``python -m actfirst.prepare --stage <stage> --config <cfg as JSON>`` (the JSON beside the references)."""
+    if nproc == 1:
+        run_stage(cfg, stage)
+        return
+    from actfirst.parallel.launch import launch_ranks
+    from actfirst.schema import config_json
+
+    config = Path(f"{cfg.references}.{stage}.config.json")
+    config.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(config, config_json(cfg))
+    try:
+        status = launch_ranks(nproc, ["-m", "actfirst.prepare", "--stage", stage, "--config", str(config)],
+                              advice="rerun to resume: every finished task is kept")
+    finally:
+        config.unlink(missing_ok=True)
+    if status != 0:
+        raise RankFailed(f"preparation stage {stage!r} failed on a rank (above); rerun to resume")
+
+
+def run_stage(cfg: TrainConfig, stage: str) -> None:
+    """This process's share of ``stage`` (one of :data:`STAGES`): a rank of a launched job (torchrun's
+    environment) takes every R-th training task from its rank; any other process takes them all."""
+    from actfirst.parallel.context import launched_as_rank
+
+    rank, world = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE")) if launched_as_rank() else (0, 1)
+    share = _teacher_share if stage == "teacher" else _references_share
+    share(cfg, get_benchmark(cfg.benchmark, cfg.env), rank, world)
+
+
+def _teacher_share(cfg: TrainConfig, benchmark: Benchmark, rank: int, world: int) -> None:
+    """Rank ``rank``'s teacher rollouts on its own engine (in the job's process group when ``world`` > 1), with
+    ``scheduler.b_max`` episodes in flight."""
+    from transformers import AutoTokenizer
+
+    from actfirst.engine.core import ActFirstEngine
+    from actfirst.parallel.context import all_gather_objects, init_parallel
+    from actfirst.teacher_candidates import play_share
+
+    if world > 1:  # every rank's engine joins the job's group (vLLM's external_launcher); ranks may finish days apart
+        init_parallel(timeout_s=STAGE_TIMEOUT_S)
     need = cfg.rollout.max_prompt_tokens + cfg.rollout.budget.total
 
-    async def run() -> dict[str, list[list[str]]]:
-        engine = ActFirstEngine.from_config(_engine_config(cfg, cfg.teacher, need), cfg.scheduler)
+    async def run() -> None:
+        engine = ActFirstEngine.from_config(_engine_config(cfg, cfg.teacher, need), cfg.scheduler, world_size=world)
         try:
-            return await teacher_candidates(engine, AutoTokenizer.from_pretrained(cfg.teacher), benchmark, tasks,
-                                            per_task=cfg.prepare.teacher_rollouts, rollout=cfg.rollout,
-                                            max_in_flight=cfg.rollout.batch_tasks, seed=cfg.seed)
+            await play_share(engine, AutoTokenizer.from_pretrained(cfg.teacher), benchmark,
+                             cfg.training_tasks(benchmark), out=_teacher_path(cfg), rank=rank, world=world,
+                             per_task=cfg.prepare.teacher_rollouts, rollout=cfg.rollout,
+                             max_in_flight=cfg.scheduler.b_max, seed=cfg.seed)
+            all_gather_objects(rank)  # the engines leave together: vLLM's teardown takes the group down
         finally:
             await engine.shutdown()
 
-    return write_candidates(path, asyncio.run(run()))
+    asyncio.run(run())
 
 
-def _build_references(cfg: TrainConfig, benchmark: Benchmark, candidate_files: list[str]) -> None:
+def _references_share(cfg: TrainConfig, benchmark: Benchmark, rank: int, world: int) -> None:
+    """Rank ``rank``'s reference replay, with its share of the CPU cores as simulator workers."""
     from actfirst.envs.workers import EnvPool
-    from actfirst.reference_cache import build_references
+    from actfirst.reference_cache import replay_references
 
     tasks = cfg.training_tasks(benchmark)
-    print(f"[prepare] reference cache for {len(tasks)} training tasks -> {cfg.references}", flush=True)
-    Path(cfg.references).parent.mkdir(parents=True, exist_ok=True)
-    with EnvPool(benchmark.env_spec(), size=min(len(tasks), os.cpu_count() or 2)) as pool:
-        asyncio.run(build_references(benchmark, tasks, pool, out=cfg.references, candidate_files=candidate_files,
-                                     shorten=cfg.prepare.shorten))
+    size = max(1, min(len(range(rank, len(tasks), world)), (os.cpu_count() or 2) // world))
+    with EnvPool(benchmark.env_spec(), size=size) as pool:
+        asyncio.run(replay_references(benchmark, tasks, pool, out=cfg.references,
+                                      candidate_files=cfg.prepare.candidate_files, shorten=cfg.prepare.shorten,
+                                      rank=rank, world=world))
 
 
 # -- the demo's models ----------------------------------------------------------------------------------------------

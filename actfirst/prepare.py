@@ -1,29 +1,61 @@
 """Build what a training run needs before it starts.
 
     python -m actfirst.prepare --config configs/<benchmark>/<setting>.yaml [key=value ...]
+    python -m actfirst.prepare --config ... --nproc-per-node 8     # teacher rollouts and replay on 8 ranks
 
 The command line over ``actfirst.preparation`` (what is built, and from what: its docstring). Whatever exists is
-kept: a second call does nothing.
+kept: a second call does nothing, and a killed one resumes without redoing a finished task. The teacher's rollouts
+and the reference replay are shared by ``--nproc-per-node`` ranks (default: one per GPU; one on a CPU), each
+started as this command with ``--stage`` under PyTorch's elastic launcher.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from actfirst.preparation import ensure_prepared, load_run_config, resolve_models
-from actfirst.user_input import command
+from actfirst.preparation import STAGES, RankFailed, ensure_prepared, load_run_config, resolve_models, run_stage
+from actfirst.user_input import ConfigError, command
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
     """Prepare what the config needs; returns the exit status."""
+    from actfirst.parallel.context import launched_as_rank
+    from actfirst.parallel.launch import default_nproc
+
     parser = argparse.ArgumentParser(prog="python -m actfirst.prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo's)")
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                        help="ranks that share the teacher's rollouts and the replay (default: one per GPU; one on "
+                             "a CPU)")
+    parser.add_argument("--stage", choices=STAGES, default=None,
+                        help="run one rank's share of this stage only (how preparation starts its ranks)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args(argv)
-    cfg = resolve_models(load_run_config(args.config, args.overrides))
-    timings = ensure_prepared(cfg)
+    cfg = load_run_config(args.config, args.overrides)
+    if args.stage is not None:
+        from torch.distributed.elastic.multiprocessing.errors import record
+
+        record(run_stage)(cfg, args.stage)  # an error is written where the launcher reads it
+        # Leave without the interpreter's teardown, as a training rank does (actfirst.run): a native thread that a
+        # library never joined can abort it, and the launcher would report a finished share as failed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    if launched_as_rank():
+        raise ConfigError("python -m actfirst.prepare starts its own ranks (--nproc-per-node); run it without "
+                          "torchrun")
+    nproc = default_nproc() if args.nproc_per_node is None else args.nproc_per_node
+    if nproc < 1:
+        raise ConfigError(f"--nproc-per-node={nproc}: must be >= 1")
+    cfg = resolve_models(cfg)  # Hub ids downloaded here, once; the stage ranks get the resolved paths
+    try:
+        timings = ensure_prepared(cfg, nproc)
+    except RankFailed as e:
+        print(f"[prepare] {e}", file=sys.stderr, flush=True)
+        return 1
     done = ", ".join(f"{k[:-2]} {v:.0f} s" for k, v in timings.items()) or "nothing to do: everything exists"
     print(f"[prepare] {done}; references {cfg.references}, teacher {cfg.teacher}, student {cfg.student.model}")
     return 0

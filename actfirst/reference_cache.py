@@ -17,8 +17,10 @@ fewest actions); ScienceWorld candidates are first shortened while their replay 
 The cache is JSONL, one line per task, holding the actions and every observation o_1 ... o_{T+1} with the
 per-step information the transition checks need (ALFWorld admissible sets, ScienceWorld action templates, WebShop
 clickables); it holds no tokens, so it serves every student size. ``<out>.meta.json`` records the coverage. The
-build appends each finished task to ``<out>.partial`` as it goes (an interrupted build resumes from it) and
-publishes ``<out>`` only at 100% coverage, unless a partial cache is allowed, which the metadata then records.
+build appends each finished task to its journal, ``<out>.partial``, as it goes (an interrupted build resumes from
+it) and publishes ``<out>`` only at 100% coverage, unless a partial cache is allowed, which the metadata then
+records. Several ranks (``actfirst.preparation``) each replay every R-th task into their own journal
+(:func:`replay_references`, ``actfirst.journal``), and one publishes the union (:func:`publish_references`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
 from actfirst.files import write_atomically
+from actfirst.journal import Journal, format_eta, journal_path, read_journals, remove_journals
 from actfirst.user_input import ConfigError, read_jsonl, read_text
 
 
@@ -159,6 +162,17 @@ async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: Env
     Finished tasks go to ``<out>.partial`` as they finish, and a rerun resumes from it. Below 100% coverage nothing
     is published and ``PartialCacheError`` is raised, unless ``allow_partial``.
     """
+    failed = await replay_references(benchmark, tasks, pool, out=out, candidate_files=candidate_files, shorten=shorten)
+    return publish_references(benchmark, tasks, out=out, candidate_files=candidate_files, shorten=shorten,
+                              allow_partial=allow_partial, failed=failed)
+
+
+async def replay_references(benchmark: Benchmark, tasks: Sequence[Any], pool: EnvPool, *, out: str | Path,
+                            candidate_files: Sequence[str | Path] = (), shorten: bool = True, rank: int = 0,
+                            world: int = 1) -> dict[str, str]:
+    """Select the references of this rank's share of ``tasks`` (every ``world``-th from ``rank``) that no rank's
+    journal of ``out`` holds yet (``actfirst.journal``), appending each to this rank's journal as it finishes;
+    returns why each task that got none failed. :func:`publish_references` then writes the cache."""
     spec = benchmark.env_spec()
     wrong = [w.spec for w in pool.workers if w.spec != spec]
     if wrong:
@@ -168,70 +182,59 @@ async def build_references(benchmark: Benchmark, tasks: Sequence[Any], pool: Env
         raise ValueError("task keys are not unique; check the task set")
     candidates = read_candidates(candidate_files)
     unknown = sorted(set(candidates) - set(keys))
-    if unknown:
+    if unknown and rank == 0:
         print(f"warning: candidates for {len(unknown)} tasks outside the task set ignored, e.g. {unknown[:3]}",
               file=sys.stderr)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(f"{out}.partial")
-    done = _resume_partial(partial, len(tasks))
-    failed: dict[str, str] = {}
+    done = read_journals(out)
+    share = range(rank, len(tasks), world)
     queue: asyncio.Queue = asyncio.Queue()
-    for task, key in zip(tasks, keys):
-        if key not in done:
-            queue.put_nowait(task)
-    start, finished = time.monotonic(), 0
+    for i in share:
+        if keys[i] not in done:
+            queue.put_nowait(tasks[i])
+    if len(share) > queue.qsize():
+        print(f"resuming: {len(share) - queue.qsize()} of {len(share)} tasks already in {journal_path(out, 0)}*")
+    failed: dict[str, str] = {}
+    start, finished, todo = time.monotonic(), 0, queue.qsize()
 
-    async def run(worker: EnvWorker) -> None:
+    async def run(worker: EnvWorker, journal: Journal) -> None:
         nonlocal finished
-        with partial.open("a") as sink:
-            while not queue.empty():
-                task = queue.get_nowait()
-                key = benchmark.task_key(task)
-                try:
-                    ref = await build_one(benchmark, worker, task, candidates.get(key, []), shorten)
-                except WorkerDied as e:
-                    failed[key] = f"worker died: {e}"
-                    continue
-                finished += 1
-                if ref is None:
-                    failed[key] = "no candidate replayed successfully"
-                else:
-                    line = ref.to_json()
-                    sink.write(line + "\n")
-                    sink.flush()
-                    done[key] = line
-                rate = finished / (time.monotonic() - start)
-                print(f"[{len(done)}/{len(tasks)}] {key}: "
-                      f"{'FAILED' if ref is None else f'{len(ref.actions)} actions ({ref.source})'}"
-                      f" | {rate:.2f} tasks/s", flush=True)
-
-    await asyncio.gather(*(run(w) for w in pool.workers))
-    return _publish(benchmark, keys, done, failed, out, partial, candidate_files=candidate_files, shorten=shorten,
-                    allow_partial=allow_partial)
-
-
-def _resume_partial(partial: Path, total: int) -> dict[str, str]:
-    """The finished tasks' cache lines of an interrupted build, by task key (a line cut by the interruption goes)."""
-    done: dict[str, str] = {}
-    if not partial.exists():
-        return done
-    for line in partial.read_text().splitlines():
-        if line.strip():
+        while not queue.empty():
+            task = queue.get_nowait()
+            key = benchmark.task_key(task)
             try:
-                done[json.loads(line)["task"]] = line
-            except json.JSONDecodeError:  # a line cut by an interruption
-                pass
-    write_atomically(partial, "".join(line + "\n" for line in done.values()))
-    print(f"resuming: {len(done)} of {total} tasks already in {partial}")
-    return done
+                ref = await build_one(benchmark, worker, task, candidates.get(key, []), shorten)
+            except WorkerDied as e:
+                failed[key] = f"worker died: {e}"
+                continue
+            finished += 1
+            if ref is None:
+                failed[key] = "no candidate replayed successfully"
+            else:
+                journal.append(ref.to_json())
+            rate = finished / (time.monotonic() - start)
+            print(f"[{finished}/{todo}{_rank_label(rank, world)}] {key}: "
+                  f"{'FAILED' if ref is None else f'{len(ref.actions)} actions ({ref.source})'}"
+                  f" | {rate:.2f} tasks/s, ETA {format_eta((todo - finished) / rate)}", flush=True)
+
+    with Journal(out, rank) as journal:
+        await asyncio.gather(*(run(w, journal) for w in pool.workers))
+    return failed
 
 
-def _publish(benchmark: Benchmark, keys: list[str], done: dict[str, str], failed: dict[str, str], out: Path,
-             partial: Path, *, candidate_files: Sequence[str | Path], shorten: bool,
-             allow_partial: bool) -> dict[str, Any]:
-    """Write ``<out>.meta.json`` and ``out`` (at 100% coverage, or below with ``allow_partial``) and drop the
-    partial file; returns the metadata."""
+def _rank_label(rank: int, world: int) -> str:
+    return "" if world == 1 else f" rank {rank}/{world}"
+
+
+def publish_references(benchmark: Benchmark, tasks: Sequence[Any], *, out: str | Path,
+                       candidate_files: Sequence[str | Path] = (), shorten: bool = True, allow_partial: bool = False,
+                       failed: dict[str, str] | None = None) -> dict[str, Any]:
+    """Write the cache of ``tasks`` at ``out`` from every rank's journal of it (:func:`replay_references`) with
+    ``<out>.meta.json`` (at 100% coverage, or below with ``allow_partial``; else ``PartialCacheError``), and drop the
+    journals; returns the metadata. ``failed``: why tasks got no reference (recorded in the metadata)."""
+    out = Path(out)
+    keys = [benchmark.task_key(t) for t in tasks]
+    done = read_journals(out)
+    failed = {k: why for k, why in (failed or {}).items() if k not in done}
     covered = [k for k in keys if k in done]
     meta = {"benchmark": benchmark.name, "config": transition_config(benchmark.config), "tasks": len(keys),
             "covered": len(covered), "coverage": len(covered) / max(1, len(keys)),
@@ -242,9 +245,9 @@ def _publish(benchmark: Benchmark, keys: list[str], done: dict[str, str], failed
     if meta["coverage"] < 1.0 and not allow_partial:
         raise PartialCacheError(f"{len(keys) - len(covered)} tasks have no successful candidate (e.g. "
                                 f"{meta['missing'][:5]}); {out} not written. Add candidates and rerun to resume "
-                                f"from {partial}, or allow a partial cache (--allow-partial).")
+                                f"from {journal_path(out, 0)}*, or allow a partial cache (--allow-partial).")
     write_atomically(Path(f"{out}.meta.json"), json.dumps(meta, indent=1))
     write_atomically(out, "".join(done[k] + "\n" for k in covered))
-    partial.unlink(missing_ok=True)
+    remove_journals(out)
     print(f"wrote {out} ({len(covered)} references){' PARTIAL' if meta['coverage'] < 1.0 else ''}")
     return meta

@@ -5,9 +5,10 @@
     python -m actfirst.run --config ... --nproc-per-node 2        # ranks on this machine (default: one per GPU)
     torchrun --nnodes N --nproc-per-node 8 ... -m actfirst.run --config ...   # several nodes
 
-Stages: ``actfirst.prepare`` (reference cache; for the demo also the teacher and the student's warm start) in the
-launching process, then the training (``actfirst.train.trainer``) on every rank with its evaluations (update 0,
-every ``evaluation.every`` updates, the last), each of which rewrites ``<out_dir>/training_curve.png``.
+Stages: ``actfirst.prepare`` (reference cache; for the demo also the teacher and the student's warm start) from the
+launching process, the teacher's rollouts and the reference replay shared by as many ranks as the training, then the
+training (``actfirst.train.trainer``) on every rank with its evaluations (update 0, every ``evaluation.every``
+updates, the last), each of which rewrites ``<out_dir>/training_curve.png``.
 
 Without torchrun's environment this command starts the ranks itself: one in this process, or several through
 PyTorch's elastic launcher (``actfirst.parallel.launch``), each of which runs this same command as a rank. Under
@@ -71,7 +72,7 @@ def launch(args: argparse.Namespace) -> int:
     """The launching process: check the config, resolve its models (downloading Hub ids), prepare what is missing,
     start the ranks (with the models' local paths)."""
     from actfirst.parallel.launch import default_nproc, launch_ranks
-    from actfirst.preparation import load_run_config, model_overrides, resolve_models
+    from actfirst.preparation import RankFailed, load_run_config, model_overrides, resolve_models
     from actfirst.train.trainer import check_layout
     from actfirst.training_run import prepare, run_rank
 
@@ -87,7 +88,11 @@ def launch(args: argparse.Namespace) -> int:
     print(f"[run] config {args.config or DEMO_CONFIG}; out_dir {cfg.out_dir}; {nproc} rank(s)", flush=True)
     cfg = resolve_models(cfg)
     resolved = model_overrides(cfg)
-    timings = prepare(cfg, args.config, [*args.overrides, *resolved], in_child=nproc > 1)  # inputs checked first
+    try:  # every input is checked first; the teacher's rollouts and the replay run on the ranks too
+        timings = prepare(cfg, args.config, [*args.overrides, *resolved], nproc=nproc, in_child=nproc > 1)
+    except RankFailed as e:
+        print(f"[run] {e}", file=sys.stderr, flush=True)
+        return 1
     os.environ[LAUNCH_ENV] = json.dumps({"started": started, "prepare_s": time.time() - started,
                                          "prepare_stages_s": timings})
     if nproc == 1:

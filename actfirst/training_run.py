@@ -20,18 +20,20 @@ if TYPE_CHECKING:
     from actfirst.train.trainer import TrainResult
 
 
-def prepare(cfg: TrainConfig, config: str | None, overrides: list[str], *, in_child: bool) -> dict[str, float]:
+def prepare(cfg: TrainConfig, config: str | None, overrides: list[str], *, nproc: int = 1,
+            in_child: bool) -> dict[str, float]:
     """Build what the run of ``cfg`` (loaded from ``config`` and ``overrides``, which hand on its resolved models:
-    ``actfirst.preparation.model_overrides``) needs that is missing (:func:`ensure_prepared`). ``in_child``: in a
-    child process, so that no engine or GPU memory of the preparation outlives it into the ranks."""
+    ``actfirst.preparation.model_overrides``) needs that is missing (:func:`ensure_prepared`, its rollouts and replay
+    on ``nproc`` ranks). ``in_child``: in a child process, so that no engine or GPU memory of the preparation
+    outlives it into the ranks."""
     if not in_child:
-        return ensure_prepared(cfg)
+        return ensure_prepared(cfg, nproc)
     with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_prepare_child, (config, list(overrides)))
+        return pool.apply(_prepare_child, (config, list(overrides), nproc))
 
 
-def _prepare_child(config: str | None, overrides: list[str]) -> dict[str, float]:
-    return ensure_prepared(resolve_models(load_run_config(config, overrides), download=False))
+def _prepare_child(config: str | None, overrides: list[str], nproc: int) -> dict[str, float]:
+    return ensure_prepared(resolve_models(load_run_config(config, overrides), download=False), nproc)
 
 
 def run_rank(cfg: TrainConfig, *, resume: bool, config: str | None) -> int:

@@ -29,7 +29,9 @@ from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
 from actfirst.reference_cache import read_candidates, replay
 from actfirst.rollout.runner import EpisodeResult, RolloutRunner
-from actfirst.teacher_candidates import MAX_REPEATS, rollout_seed, teacher_candidates, write_candidates
+from actfirst.journal import journal_path, journal_paths
+from actfirst.teacher_candidates import (MAX_REPEATS, merge_candidates, play_share, rollout_seed, teacher_candidates,
+                                       write_candidates)
 
 pytestmark = pytest.mark.engine
 
@@ -37,6 +39,7 @@ RESPONSE = "<think>egg</think><action>focus on parrot</action>"
 ACTION = "focus on parrot"
 WIN = ScienceWorldTask("lifespan-longest-lived", 3)
 LOSE = ScienceWorldTask("lifespan-longest-lived", 0)
+TASKS = [WIN, LOSE, ScienceWorldTask("lifespan-longest-lived", 1)]  # the shared preparation's task set
 MAX_TURNS = 4
 # The training budget (the teacher rollouts' own); RESPONSE is 15 tokens, so it ends in the first stage.
 BUDGET = ThinkingBudgetConfig(first_stage=24, total=32, second_stage=8, eval_first_stage=40, eval_total=48)
@@ -89,7 +92,7 @@ def result(teacher, benchmark):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(RolloutRunner, "run_episode", recording)
         candidates = asyncio.run(teacher_candidates(engine, tokenizer, benchmark, [WIN, LOSE], per_task=2,
-                                                    rollout=ROLLOUT, max_in_flight=2, seed=5, progress=False))
+                                                    rollout=ROLLOUT, max_in_flight=2, seed=5, progress=None))
     return candidates, played
 
 
@@ -186,3 +189,90 @@ def test_cli_config_error(tiny_model_dir, tmp_path):
                          cwd=Path(__file__).parents[1])
     assert bad.returncode == 2 and "= 932 exceeds engine.max_model_len=512" in bad.stderr, bad.stderr[-2000:]
     assert not (tmp_path / "c.jsonl").exists()
+
+
+class StopAfterFaultInjection(Exception):
+    """Raised by :func:`stop_after_fault_injection`: a preparation killed after some tasks."""
+
+
+def stop_after_fault_injection(tasks: int):
+    """An ``after_task`` hook that stops the preparation once ``tasks`` tasks are in its journal."""
+    finished = []
+
+    def hook(key: str) -> None:
+        finished.append(key)
+        if len(finished) == tasks:
+            raise StopAfterFaultInjection(f"stopped after {finished}")
+
+    return hook
+
+
+def _play_share(teacher, benchmark, out, rank=0, world=1, after_task=None):
+    """``play_share`` of TASKS (one rollout each, two at once, seed 5); returns every (task, seed) the real runner
+    played."""
+    engine, tokenizer = teacher
+    played = []
+    run_episode = RolloutRunner.run_episode
+
+    async def recording(self, task, worker, seed):
+        episode = await run_episode(self, task, worker, seed)
+        played.append((episode.task, seed))
+        return episode
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(RolloutRunner, "run_episode", recording)
+        asyncio.run(play_share(engine, tokenizer, benchmark, TASKS, out=out, rank=rank, world=world, per_task=1,
+                               rollout=ROLLOUT, max_in_flight=2, seed=5, after_task=after_task))
+    return played
+
+
+@pytest.fixture(scope="module")
+def one_rank(teacher, benchmark, tmp_path_factory):
+    """The candidates file of TASKS played by one rank, and what it played."""
+    out = tmp_path_factory.mktemp("one_rank") / "refs.jsonl.teacher.jsonl"
+    played = _play_share(teacher, benchmark, out)
+    return merge_candidates(out, [benchmark.task_key(t) for t in TASKS]).read_text(), played
+
+
+def test_one_rank_plays_every_task_once_and_keeps_the_win(one_rank, benchmark):
+    text, played = one_rank
+    stride = 2 * MAX_TURNS + BUDGET.total + 2
+    assert sorted(played) == sorted((benchmark.task_key(t), rollout_seed(5, i, 0, stride)) for i, t in enumerate(TASKS))
+    assert [json.loads(line) for line in text.splitlines()] == [
+        {"task": "lifespan-longest-lived/3", "actions": [ACTION]}]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_share_every_task_once_and_merge_to_the_one_rank_file(world, one_rank, teacher, benchmark, tmp_path):
+    """Every rank plays its every world-th task (the seeds of one rank's run), and the merged file is one rank's."""
+    out = tmp_path / "refs.jsonl.teacher.jsonl"
+    keys = [benchmark.task_key(t) for t in TASKS]
+    shares = [_play_share(teacher, benchmark, out, rank, world) for rank in range(world)]
+    for rank, played in enumerate(shares):
+        assert sorted(task for task, _ in played) == sorted(keys[rank::world])
+    assert sorted(p for played in shares for p in played) == sorted(one_rank[1])
+    assert len(journal_paths(out)) == min(world, len(TASKS))
+    assert merge_candidates(out, keys).read_text() == one_rank[0]
+    assert journal_paths(out) == [] and not journal_path(out, 1).exists()
+
+
+def test_a_killed_preparation_resumes_with_the_missing_tasks_only(one_rank, teacher, benchmark, tmp_path):
+    """Stopped after one finished task (and a line cut by the kill), the next call plays only the two others, on
+    another number of ranks, and the merged file is that of an uninterrupted run."""
+    out = tmp_path / "refs.jsonl.teacher.jsonl"
+    keys = [benchmark.task_key(t) for t in TASKS]
+    with pytest.raises(StopAfterFaultInjection):
+        _play_share(teacher, benchmark, out, after_task=stop_after_fault_injection(1))
+    lines = journal_path(out, 0).read_text().splitlines()
+    assert len(lines) == 1
+    first = json.loads(lines[0])["task"]
+    with journal_path(out, 0).open("a") as f:
+        f.write('{"task": "lifespan-longest-lived/1", "candi')  # a write cut by the kill
+    with pytest.raises(RuntimeError, match="2 of 3 tasks have no teacher rollouts"):
+        merge_candidates(out, keys)
+    resumed = [p for rank in range(2) for p in _play_share(teacher, benchmark, out, rank, 2)]
+    assert sorted(task for task, _ in resumed) == sorted(k for k in keys if k != first)
+    assert sorted(set(one_rank[1]) - set(resumed)) == [p for p in one_rank[1] if p[0] == first]
+    for path in journal_paths(out):  # the cut line was cut off before the next append
+        assert all(json.loads(line)["task"] in keys for line in path.read_text().splitlines())
+    assert merge_candidates(out, keys).read_text() == one_rank[0]

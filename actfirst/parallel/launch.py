@@ -28,9 +28,14 @@ def default_nproc() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 1
 
 
-def launch_ranks(nproc: int, command: list[str], *, monitor_interval_s: float = 0.5) -> int:
+TRAINING_ADVICE = "continue from the last checkpoint with --resume"
+"""What the failure line of a training run's ranks tells the user to do."""
+
+
+def launch_ranks(nproc: int, command: list[str], *, monitor_interval_s: float = 0.5,
+                 advice: str = TRAINING_ADVICE) -> int:
     """Run ``python <command>`` (``["-m", "actfirst.run", ...]`` or a script and its arguments) as ``nproc`` ranks
-    of one node; returns 0, or 1 after printing which rank failed and why (130 on Ctrl-C)."""
+    of one node; returns 0, or 1 after printing which rank failed and why, and ``advice`` (130 on Ctrl-C)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -44,7 +49,7 @@ def launch_ranks(nproc: int, command: list[str], *, monitor_interval_s: float = 
     try:
         elastic_launch(config, sys.executable)(*command)
     except ChildFailedError as error:
-        print(describe_failure(error.failures), file=sys.stderr, flush=True)
+        print(describe_failure(error.failures, advice), file=sys.stderr, flush=True)
         return 1
     except SignalException as error:
         print(f"[launch] stopped by {error.sigval.name}: every rank was stopped", file=sys.stderr, flush=True)
@@ -52,9 +57,9 @@ def launch_ranks(nproc: int, command: list[str], *, monitor_interval_s: float = 
     return 0
 
 
-def describe_failure(failures: dict[int, Any]) -> str:
+def describe_failure(failures: dict[int, Any], advice: str = TRAINING_ADVICE) -> str:
     """One line per failed rank, the cause first: a rank that raised (its exception) or was killed (its signal),
-    before the ranks that stopped because of it."""
+    before the ranks that stopped because of it; then ``advice``."""
     def order(item: tuple[int, Any]) -> tuple[int, int, int]:
         rank, failure = item  # the agent stops the others with SIGTERM; the watchdog's exits come after
         consequence = {-signal.SIGTERM: 1, PEER_STOPPED_EXIT: 2}.get(failure.exitcode, 0)
@@ -65,7 +70,7 @@ def describe_failure(failures: dict[int, Any]) -> str:
         lines.append(f"rank {rank} (pid {failure.pid}) {_what(failure)}")
     cause = lines[0]
     more = f"; then {'; '.join(lines[1:])}" if len(lines) > 1 else ""
-    return f"[launch] {cause}{more}. Every rank was stopped; continue from the last checkpoint with --resume."
+    return f"[launch] {cause}{more}. Every rank was stopped; {advice}."
 
 
 def _what(failure: Any) -> str:
