@@ -80,15 +80,20 @@ def serving(args: argparse.Namespace) -> tuple[RunEvaluation, EngineConfig, Sche
 
 
 async def _play(plan: RunEvaluation, engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig,
-                shard: tuple[int, int]) -> EvalReport:
+                shard: tuple[int, int]) -> list[EvalReport]:
+    """This rank's part, and every rank's parts gathered while the engines run (vLLM's shutdown may take the
+    process group down with it)."""
+    from actfirst.parallel.context import all_gather_objects
+
     async with served(engine_cfg, scheduler_cfg, world_size=shard[1]) as (engine, tokenizer):
-        return await plan.play(engine, tokenizer, progress=shard[0] == 0, shard=shard)
+        report = await plan.play(engine, tokenizer, progress=shard[0] == 0, shard=shard)
+        return all_gather_objects(report)
 
 
 def evaluate_as_rank(args: argparse.Namespace, plan: RunEvaluation, engine_cfg: EngineConfig,
                      scheduler_cfg: SchedulerConfig) -> None:
     """Play this process's share (all of it in a world of one); rank 0 merges the parts and writes the report."""
-    from actfirst.parallel.context import all_gather_objects, init_parallel, launched_as_rank, shutdown_parallel
+    from actfirst.parallel.context import init_parallel, launched_as_rank, shutdown_parallel
 
     ctx = init_parallel() if launched_as_rank() else None
     rank, ranks = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
@@ -96,10 +101,9 @@ def evaluate_as_rank(args: argparse.Namespace, plan: RunEvaluation, engine_cfg: 
         print(f"[eval {plan.benchmark.name}] {len(plan.tasks)} {plan.spec.split} tasks x seeds {plan.spec.seeds} "
               f"at temperature {plan.rollout.temperature}, checkpoint {args.checkpoint}"
               f"{f' on {ranks} ranks' if ranks > 1 else ''}", flush=True)
-    report = asyncio.run(_play(plan, engine_cfg, scheduler_cfg, (rank, ranks)))
-    parts = all_gather_objects(report)
+    parts = asyncio.run(_play(plan, engine_cfg, scheduler_cfg, (rank, ranks)))
     if rank == 0:
-        merged = merge_reports(parts, plan.benchmark) if ranks > 1 else report
+        merged = merge_reports(parts, plan.benchmark) if ranks > 1 else parts[0]
         merged.meta.update({"checkpoint": str(args.checkpoint), "split": plan.spec.split, "config": args.config,
                             "world_size": ranks})
         emit_report(merged, args.out)
