@@ -144,9 +144,10 @@ def test_export_gives_the_checkpoints_logprobs_in_transformers_and_the_engine(ex
 
     ckpt, f32, bf16 = exports
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Your task is to find the animal with the "
-                                            "longest life span. Go outside first."}], add_generation_prompt=True)
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "Your task is to find the animal with the "
+                                          "longest life span. Go outside first."}], tokenize=False,
+                                         add_generation_prompt=True)
+    prompt = tokenizer.encode(text, add_special_tokens=False)
     # the engine serves the float32 export: its sampled tokens' log-probs are the checkpoint's (transformers)
     out = cli("-c", ENGINE_LOGPROBS, str(f32), json.dumps(prompt), timeout=600).stdout
     served = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
