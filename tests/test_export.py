@@ -155,9 +155,10 @@ def test_export_gives_the_checkpoints_logprobs_in_transformers_and_the_engine(ex
     reference = logprobs(ckpt, ids, torch.float32)
     assert torch.allclose(torch.tensor(served["logprobs"]), reference[len(prompt) - 1:], atol=1e-4)
     assert torch.equal(logprobs(f32, ids, torch.float32), reference)
-    # bfloat16: within its rounding (8 bits of mantissa: about 0.4% of each weight and activation)
+    # bfloat16 (weights and compute): within its rounding (8 bits of mantissa: about 0.4% of each weight and
+    # activation); measured on 2026-12-03: at most 0.025 nat, 0.005 on average, over log-probs down to -11.5
     diff = (logprobs(bf16, ids, torch.bfloat16) - reference).abs()
-    assert diff.max() < 0.05 * max(1.0, reference.abs().max()) and diff.mean() < 0.02, diff
+    assert diff.max() < 0.1 and diff.mean() < 0.02, diff
 
 
 def test_export_refusals(run, tmp_path):
