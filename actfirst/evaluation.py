@@ -278,16 +278,16 @@ def benchmark_serving(checkpoint: str, benchmark_name: str, env_config: str | No
     spec_overrides = [o.removeprefix("evaluation.") for o in overrides if o.startswith("evaluation.")]
     rest = [o for o in overrides if not o.startswith("evaluation.")]
     for item in rest:
-        key = item.partition("=")[0]
-        if key in {f"rollout.{k}" for k in SAMPLING_KEYS}:
-            raise ConfigError(f"{item}: evaluation samples with evaluation.{key.removeprefix('rollout.')}=..., as "
-                              f"a training run's evaluation: section does")
+        key = item.partition("=")[0].removeprefix("rollout.")
+        if item.startswith("rollout.") and key in SAMPLING_KEYS:
+            raise ConfigError(f"{item}: evaluation samples with evaluation.{key}=..., as a training run's "
+                              f"evaluation: section does")
     spec = _load(EvaluationConfig, spec_overrides, "evaluation")
     benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
         checkpoint, benchmark_name, env_config, rest, max_in_flight=spec.max_in_flight, budget="eval_total")
     tasks = pick_tasks(benchmark, benchmark.tasks(spec.split), spec.tasks)
-    return RunEvaluation(spec=spec, benchmark=benchmark, tasks=tasks, rollout=spec.sampling(rollout)), engine_cfg, \
-        scheduler_cfg
+    plan = RunEvaluation(spec=spec, benchmark=benchmark, tasks=tasks, rollout=spec.sampling(rollout))
+    return plan, engine_cfg, scheduler_cfg
 
 
 # -- serving a checkpoint for a command ------------------------------------------------------------------------------
