@@ -468,6 +468,10 @@ class TrainConfig:
     """Updates between two checkpoints (the last update is always checkpointed)."""
     keep_checkpoints: int = 1
     """Checkpoints kept on disk (the newest ones)."""
+    keep_best: bool = False
+    """Also keep the checkpoint of the best evaluation SR so far (``<out_dir>/checkpoints/best`` names it); every
+    evaluated update is then checkpointed. Matters only with evaluations between the first and the last
+    (``evaluation.every`` > 0); the starting student (update 0) is not a checkpoint."""
     evaluation: EvaluationConfig | None = None
     """Evaluations during the run (absent or null: none)."""
     vllm_console_level: Literal["debug", "info", "warning", "error", "off"] = "error"
@@ -553,8 +557,8 @@ def check_paths(cfg: TrainConfig, *, references: bool = True) -> None:
         check_exists(cfg.references, "references", "file")
 
 
-RESUMABLE_CHANGES = ("out_dir", "num_updates", "checkpoint_every", "keep_checkpoints", "probe_every", "evaluation",
-                     "prepare", "parallel", "vllm_console_level")
+RESUMABLE_CHANGES = ("out_dir", "num_updates", "checkpoint_every", "keep_checkpoints", "keep_best", "probe_every",
+                     "evaluation", "prepare", "parallel", "vllm_console_level")
 """Config sections a resumed run may change (``out_dir``: a run is where it is, moved or spelled otherwise); any
 other difference from the run's saved config is refused."""
 

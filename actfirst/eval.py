@@ -3,9 +3,21 @@ thinking budget, seeds 42, 43, 44; SR, Score (ScienceWorld, WebShop), Round, mea
 overall, per task type (ALFWorld: seen and unseen pooled) and per evaluation split (``Benchmark.task_split``:
 ALFWorld's valid_seen and valid_unseen apart, as Table 1 reports them).
 
-    python -m actfirst.eval --checkpoint DIR --benchmark alfworld [--split eval] [--tasks N] [--seeds 42 43 44] \\
-        [--out report.json] [key=value ...]        # env config; rollout.*, engine.*, scheduler.* go to those configs
+    python -m actfirst.eval --checkpoint DIR --config TRAIN.yaml [key=value ...]       # as the run evaluates
+    python -m actfirst.eval --checkpoint DIR --benchmark alfworld [--env-config ENV.yaml] [key=value ...]
     python -m actfirst.eval --checkpoint Qwen/Qwen3-1.7B [--revision REV] --benchmark alfworld   # a Hub model
+        [--split eval] [--tasks N] [--seeds 42 43 44] [--max-in-flight 16] [--out report.json] [--nproc-per-node N]
+
+``--config``: the training run's config (``python -m actfirst.run``'s): its ``evaluation:`` section (split, tasks,
+seeds, max_in_flight, temperature, top_p), its rollout section (prompt limit, evaluation budgets), its ``env:``, its
+``student:`` engine (checkpoint as the model) and scheduler, so the command plays the episodes the run's own
+evaluation played; overrides are that config's keys (``evaluation.tasks=8``, ``student.dtype=bfloat16``).
+``--benchmark``: an environment config (its default file, or ``--env-config``) with overrides of its keys, and
+``evaluation.*``, ``rollout.*``, ``engine.*``, ``scheduler.*`` for those sections; evaluation's defaults are a
+training run's (``EvaluationConfig``: temperature 0.6, top-p 1). ``--split``, ``--tasks``, ``--seeds`` and
+``--max-in-flight`` set ``evaluation.<key>`` in either form. ``--nproc-per-node N``: N ranks on this machine, each
+with its own engine on its share of the (seed, task) episodes; rank 0 merges the report (under torchrun every process
+is a rank).
 
 The command line over ``actfirst.evaluation`` (what is played and how: its docstring).
 """
@@ -14,14 +26,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 
-from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
-from actfirst.envs.benchmarks import BENCHMARKS, Benchmark
+from actfirst.config import EngineConfig, SchedulerConfig
+from actfirst.envs.benchmarks import BENCHMARKS
 from actfirst.eval_report import EvalReport
-from actfirst.evaluation import EVAL_SEEDS, emit_report, evaluate, pick_tasks, served, serving_configs
+from actfirst.evaluation import RunEvaluation, benchmark_serving, emit_report, merge_reports, run_serving, served
 from actfirst.models.hub import model_commit, resolve_model
-from actfirst.user_input import check_writable_file, command, positive_int
+from actfirst.user_input import ConfigError, check_writable_file, command, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,45 +43,93 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True,
                         help="the student's Hugging Face directory, or a Hub id (owner/name) from the HF cache")
     parser.add_argument("--revision", default=None, help="with a Hub id: its branch, tag or commit (default: main)")
-    parser.add_argument("--benchmark", required=True, choices=sorted(BENCHMARKS))
-    parser.add_argument("--split", default="eval", choices=["train", "eval"])
-    parser.add_argument("--tasks", type=int, default=0, help="evaluate N tasks, round-robin over task types (0: all)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=list(EVAL_SEEDS))
+    parser.add_argument("--config", help="the training run's config: evaluate as the run does")
+    parser.add_argument("--benchmark", choices=sorted(BENCHMARKS),
+                        help="evaluate on a benchmark without a run config")
+    parser.add_argument("--env-config", help="with --benchmark: env config file (default configs/envs/<benchmark>.yaml)")
+    parser.add_argument("--split", choices=["train", "eval"], help="evaluation.split")
+    parser.add_argument("--tasks", type=int, help="evaluation.tasks: N tasks, round-robin over task types (0: all)")
+    parser.add_argument("--seeds", type=int, nargs="+", help="evaluation.seeds")
+    parser.add_argument("--max-in-flight", type=positive_int, help="evaluation.max_in_flight: episodes at once")
     parser.add_argument("--out", help="write the JSON report here")
-    parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
-    parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
+    parser.add_argument("--nproc-per-node", type=positive_int, default=1, metavar="N",
+                        help="ranks on this machine, each with its own engine (ignored under torchrun)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="env config overrides (generated_dir=..., max_turns=...); rollout.*, engine.*, "
-                             "scheduler.* override those configs (rollout.budget.eval_total=..., engine.dtype=...)")
+                        help="with --config: the run config's keys (evaluation.temperature=0.4, student.dtype=...); "
+                             "with --benchmark: env keys (max_turns=...), evaluation.*, rollout.*, engine.*, "
+                             "scheduler.*")
     return parser
 
 
-async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
-                scheduler_cfg: SchedulerConfig) -> EvalReport:
-    tasks = pick_tasks(benchmark, benchmark.tasks(args.split), args.tasks)
-    print(f"[eval {benchmark.name}] {len(tasks)} {args.split} tasks x seeds {args.seeds}, checkpoint "
-          f"{args.checkpoint}", flush=True)
-    async with served(engine_cfg, scheduler_cfg) as (engine, tokenizer):
-        return await evaluate(engine, tokenizer, benchmark, tasks, seeds=args.seeds, rollout=rollout,
-                              max_in_flight=args.max_in_flight)
+def flag_overrides(args: argparse.Namespace) -> list[str]:
+    """``evaluation.<key>=value`` for each of ``--split``, ``--tasks``, ``--seeds``, ``--max-in-flight`` given."""
+    given = {"split": args.split, "tasks": args.tasks, "seeds": args.seeds, "max_in_flight": args.max_in_flight}
+    return [f"evaluation.{key}={json.dumps(value)}" for key, value in given.items() if value is not None]
+
+
+def serving(args: argparse.Namespace) -> tuple[RunEvaluation, EngineConfig, SchedulerConfig]:
+    """The evaluation and its engine from the command line (every input checked; ``ConfigError`` otherwise)."""
+    if (args.config is None) == (args.benchmark is None):
+        raise ConfigError("give --config (a training run's config) or --benchmark (with --env-config for an "
+                          "environment file), not both and not neither")
+    if args.env_config is not None and args.benchmark is None:
+        raise ConfigError(f"--env-config={args.env_config!r}: goes with --benchmark (--config holds its env: section)")
+    from actfirst.parallel.context import launched_as_rank
+
+    # a Hub id is downloaded by the launching process only; the ranks read the cache
+    model = str(resolve_model(args.checkpoint, "--checkpoint", args.revision, revision_key="--revision",
+                              download=not launched_as_rank()))
+    if args.out:
+        check_writable_file(args.out, "--out")
+    overrides = list(args.overrides) + flag_overrides(args)
+    if args.config is not None:
+        return run_serving(args.config, model, overrides)
+    return benchmark_serving(model, args.benchmark, args.env_config, overrides)
+
+
+async def _play(plan: RunEvaluation, engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig,
+                shard: tuple[int, int]) -> list[EvalReport]:
+    """This rank's part, and every rank's parts gathered while the engines run (vLLM's shutdown may take the
+    process group down with it)."""
+    from actfirst.parallel.context import all_gather_objects
+
+    async with served(engine_cfg, scheduler_cfg, world_size=shard[1]) as (engine, tokenizer):
+        report = await plan.play(engine, tokenizer, progress=shard[0] == 0, shard=shard)
+        return all_gather_objects(report)
+
+
+def evaluate_as_rank(args: argparse.Namespace, plan: RunEvaluation, engine_cfg: EngineConfig,
+                     scheduler_cfg: SchedulerConfig) -> None:
+    """Play this process's share (all of it in a world of one); rank 0 merges the parts and writes the report."""
+    from actfirst.parallel.context import init_parallel, launched_as_rank, shutdown_parallel
+
+    ctx = init_parallel() if launched_as_rank() else None
+    rank, ranks = (ctx.rank, ctx.world_size) if ctx is not None else (0, 1)
+    if rank == 0:
+        print(f"[eval {plan.benchmark.name}] {len(plan.tasks)} {plan.spec.split} tasks x seeds {plan.spec.seeds} "
+              f"at temperature {plan.rollout.temperature}, checkpoint {args.checkpoint}"
+              f"{f' on {ranks} ranks' if ranks > 1 else ''}", flush=True)
+    parts = asyncio.run(_play(plan, engine_cfg, scheduler_cfg, (rank, ranks)))
+    if rank == 0:
+        merged = merge_reports(parts, plan.benchmark) if ranks > 1 else parts[0]
+        merged.meta.update({"checkpoint": str(args.checkpoint), "commit": model_commit(engine_cfg.model),
+                            "split": plan.spec.split, "config": args.config, "world_size": ranks})
+        emit_report(merged, args.out)
+    if ctx is not None:
+        shutdown_parallel()
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    """Evaluate a checkpoint (every input checked before the engine starts); returns the exit status."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if len(set(args.seeds)) != len(args.seeds) or min(args.seeds) < 0:
-        parser.error(f"--seeds={args.seeds}: need distinct seeds >= 0")
-    model = resolve_model(args.checkpoint, "--checkpoint", args.revision, revision_key="--revision")
-    if args.out:
-        check_writable_file(args.out, "--out")
-    benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
-        str(model), args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
-        budget="eval_total")
-    report = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
-    report.meta.update({"checkpoint": str(args.checkpoint), "commit": model_commit(model), "split": args.split})
-    emit_report(report, args.out)
+    """Evaluate a checkpoint (every input checked before any engine or rank starts); returns the exit status."""
+    from actfirst.parallel.context import launched_as_rank
+    from actfirst.parallel.launch import launch_ranks
+
+    args = build_parser().parse_args(argv)
+    plan, engine_cfg, scheduler_cfg = serving(args)
+    if args.nproc_per_node > 1 and not launched_as_rank():
+        return launch_ranks(args.nproc_per_node, ["-m", "actfirst.eval", *(sys.argv[1:] if argv is None else argv)])
+    evaluate_as_rank(args, plan, engine_cfg, scheduler_cfg)
     return 0
 
 

@@ -178,6 +178,13 @@ def load_episodes(path: str | Path) -> list[EpisodeRecord]:
     return [EpisodeRecord(**e) for e in json.loads(Path(path).read_text())["episodes"]]
 
 
+def load_report(path: str | Path) -> EvalReport:
+    """A stored evaluation report (:meth:`EvalReport.to_json`) as the report it was."""
+    data = json.loads(Path(path).read_text())
+    return EvalReport(benchmark=data["benchmark"], seeds=data["seeds"], task_types=data["rows"][1:],
+                      episodes=[EpisodeRecord(**e) for e in data["episodes"]], meta=data["meta"])
+
+
 def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
     """Eq. 33 over ``records``: SR (percent), Score, Round, and the episode count n."""
     n = len(records)

@@ -15,6 +15,10 @@ episodes run at once on one engine and a pool of that many workers; a finished e
 derived from (s, i) alone (never from scheduling), so a seed reproduces its run. An episode whose worker died or
 whose environment raised counts as a failure and is listed in the report.
 
+A training run's evaluation (its ``evaluation:`` section over its rollout, benchmark and tasks) is
+:func:`run_evaluation`: the trainer plays it during the run, and ``python -m actfirst.eval --config`` plays it on a
+checkpoint with the run's engine and scheduler (:func:`run_serving`), so both give the same episodes.
+
 Also what the commands that serve a checkpoint share (``actfirst.eval``, ``actfirst.teacher_rollouts``,
 ``actfirst.rollout_quality``): the configs from ``key=value`` overrides, the in-process engine, the report's output.
 """
@@ -32,10 +36,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from actfirst.config import ConfigError, EngineConfig, RolloutConfig, SchedulerConfig
-from actfirst.envs.benchmarks import Benchmark
+from actfirst.config import (ConfigError, EngineConfig, EvaluationConfig, RolloutConfig, SchedulerConfig,
+                             TrainConfig)
+from actfirst.envs.benchmarks import Benchmark, get_benchmark
 from actfirst.eval_report import EpisodeRecord, EvalReport, response_hash
-from actfirst.schema import load_config
+from actfirst.files import write_atomically
+from actfirst.schema import load_config, paths_unchecked
 
 EVAL_SEEDS = (42, 43, 44)
 """C.4's evaluation seeds."""
@@ -215,6 +221,75 @@ def merge_reports(parts: Sequence[EvalReport], benchmark: Benchmark) -> EvalRepo
     return _report(benchmark, list(parts[0].seeds), records, meta)
 
 
+# -- a training run's evaluation ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RunEvaluation:
+    """What a training run's evaluation plays: its ``evaluation:`` section (defaults when the config has none), the
+    benchmark of its ``env:``, the tasks of the section's split, and the run's rollout with evaluation's sampling."""
+
+    spec: EvaluationConfig
+    benchmark: Benchmark
+    tasks: list
+    rollout: RolloutConfig
+    """The run's rollout section with ``spec``'s temperature and top-p (:func:`evaluate` applies the rest)."""
+
+    async def play(self, engine: Any, tokenizer: Any, **kwargs: Any) -> EvalReport:
+        """:func:`evaluate` of these tasks, seeds, sampling and episodes in flight (``kwargs``: ``progress``,
+        ``pool``, ``shard``)."""
+        return await evaluate(engine, tokenizer, self.benchmark, self.tasks, seeds=self.spec.seeds,
+                              rollout=self.rollout, max_in_flight=self.spec.max_in_flight, **kwargs)
+
+
+def run_evaluation(cfg: TrainConfig, benchmark: Benchmark | None = None) -> RunEvaluation:
+    """The evaluation of the run of ``cfg`` (``benchmark``: its benchmark, when already built): the one definition
+    that the trainer's evaluations and ``python -m actfirst.eval --config`` share."""
+    spec = cfg.evaluation if cfg.evaluation is not None else EvaluationConfig()
+    benchmark = benchmark if benchmark is not None else get_benchmark(cfg.benchmark, cfg.env)
+    tasks = pick_tasks(benchmark, benchmark.tasks(spec.split), spec.tasks)
+    return RunEvaluation(spec=spec, benchmark=benchmark, tasks=tasks, rollout=spec.sampling(cfg.rollout))
+
+
+def run_serving(config: str, checkpoint: str, overrides: Sequence[str]) -> tuple[RunEvaluation, EngineConfig,
+                                                                                   SchedulerConfig]:
+    """The evaluation of the training run of ``config`` (``key=value`` overrides in the config's own keys:
+    ``evaluation.tasks=8``, ``student.dtype=bfloat16``...) on ``checkpoint``, served as the run served its student:
+    its ``student:`` engine with ``checkpoint`` as the model, its scheduler. The run's input paths (teacher,
+    references) need not exist here. Raises ``ConfigError`` naming what does not fit."""
+    with paths_unchecked():
+        cfg = load_config(TrainConfig, config, list(overrides))
+    engine_cfg = dataclasses.replace(cfg.student, model=str(checkpoint))
+    plan = run_evaluation(cfg)
+    check_serving(engine_cfg, cfg.scheduler, plan.rollout, "eval_total", engine_key="student")
+    return plan, engine_cfg, cfg.scheduler
+
+
+SAMPLING_KEYS = ("temperature", "top_p")
+"""What evaluation samples with: its own keys (``evaluation.temperature``), never the rollout's."""
+
+
+def benchmark_serving(checkpoint: str, benchmark_name: str, env_config: str | None,
+                      overrides: Sequence[str]) -> tuple[RunEvaluation, EngineConfig, SchedulerConfig]:
+    """An evaluation of ``checkpoint`` on a benchmark without a training config: ``evaluation.*`` overrides build
+    its :class:`EvaluationConfig` (the training defaults otherwise: temperature 0.6, seeds 42/43/44...), the others
+    go to :func:`serving_configs` (b_max the section's ``max_in_flight``). Raises ``ConfigError`` for a
+    ``rollout.temperature`` or ``rollout.top_p`` (evaluation's own keys set them) and what does not fit."""
+    spec_overrides = [o.removeprefix("evaluation.") for o in overrides if o.startswith("evaluation.")]
+    rest = [o for o in overrides if not o.startswith("evaluation.")]
+    for item in rest:
+        key = item.partition("=")[0].removeprefix("rollout.")
+        if item.startswith("rollout.") and key in SAMPLING_KEYS:
+            raise ConfigError(f"{item}: evaluation samples with evaluation.{key}=..., as a training run's "
+                              f"evaluation: section does")
+    spec = _load(EvaluationConfig, spec_overrides, "evaluation")
+    benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
+        checkpoint, benchmark_name, env_config, rest, max_in_flight=spec.max_in_flight, budget="eval_total")
+    tasks = pick_tasks(benchmark, benchmark.tasks(spec.split), spec.tasks)
+    plan = RunEvaluation(spec=spec, benchmark=benchmark, tasks=tasks, rollout=spec.sampling(rollout))
+    return plan, engine_cfg, scheduler_cfg
+
+
 # -- serving a checkpoint for a command ------------------------------------------------------------------------------
 
 
@@ -248,7 +323,6 @@ def serving_configs(model: str, benchmark_name: str, config: str | None, overrid
     ``rollout.budget.<budget>`` (``eval_total`` or ``total``), bfloat16 on a GPU. Raises ``ConfigError`` naming
     every value that does not fit the model or the others."""
     import torch
-    from transformers import AutoConfig
 
     from actfirst.envs.benchmarks import load_benchmark
 
@@ -261,31 +335,45 @@ def serving_configs(model: str, benchmark_name: str, config: str | None, overrid
     engine_cfg = _load(EngineConfig, groups["engine"], "engine", {
         "model": model, "dtype": "bfloat16" if torch.cuda.is_available() else "float32",
         "max_model_len": need, "max_num_seqs": scheduler_cfg.b_max, "max_num_batched_tokens": max(8192, need)})
-    positions = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    check_serving(engine_cfg, scheduler_cfg, rollout, budget)
+    return benchmark, rollout, engine_cfg, scheduler_cfg
+
+
+def check_serving(engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig, rollout: RolloutConfig, budget: str, *,
+                  engine_key: str = "engine") -> None:
+    """Raise ``ConfigError`` naming every value that does not fit: the prompt budget plus ``rollout.budget.<budget>``
+    against the engine's ``max_model_len`` and the model's positions, b_max against the engine's sequences
+    (``engine_key``: what the config calls the engine section)."""
+    from transformers import AutoConfig
+
+    response = getattr(rollout.budget, budget)
+    need = rollout.max_prompt_tokens + response
+    positions = getattr(AutoConfig.from_pretrained(engine_cfg.model), "max_position_embeddings", None)
     problems = []
     if positions is not None and engine_cfg.max_model_len > positions:
-        problems.append(f"engine.max_model_len={engine_cfg.max_model_len} exceeds the model's "
+        problems.append(f"{engine_key}.max_model_len={engine_cfg.max_model_len} exceeds the model's "
                         f"max_position_embeddings={positions} (lower rollout.max_prompt_tokens or "
                         f"rollout.budget.{budget})")
     if need > engine_cfg.max_model_len:
         problems.append(f"rollout.max_prompt_tokens={rollout.max_prompt_tokens} + rollout.budget.{budget}="
-                        f"{response} = {need} exceeds engine.max_model_len={engine_cfg.max_model_len}")
+                        f"{response} = {need} exceeds {engine_key}.max_model_len={engine_cfg.max_model_len}")
     if scheduler_cfg.b_max > engine_cfg.max_num_seqs:
-        problems.append(f"scheduler.b_max={scheduler_cfg.b_max} exceeds engine.max_num_seqs={engine_cfg.max_num_seqs}")
+        problems.append(f"scheduler.b_max={scheduler_cfg.b_max} exceeds {engine_key}.max_num_seqs="
+                        f"{engine_cfg.max_num_seqs}")
     if problems:
         raise ConfigError("; ".join(problems))
-    return benchmark, rollout, engine_cfg, scheduler_cfg
 
 
 @contextlib.asynccontextmanager
-async def served(engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig) -> AsyncIterator[tuple[Any, Any]]:
-    """``engine_cfg.model`` on an in-process engine with its tokenizer, for a command's measurement; the engine is
-    shut down on exit."""
+async def served(engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig, *,
+                 world_size: int = 1) -> AsyncIterator[tuple[Any, Any]]:
+    """``engine_cfg.model`` on an in-process engine with its tokenizer, for a command's measurement (``world_size``
+    > 1: this rank's engine of a job); the engine is shut down on exit."""
     from transformers import AutoTokenizer
 
     from actfirst.engine.core import ActFirstEngine
 
-    engine = ActFirstEngine.from_config(engine_cfg, scheduler_cfg)
+    engine = ActFirstEngine.from_config(engine_cfg, scheduler_cfg, world_size=world_size)
     try:
         yield engine, AutoTokenizer.from_pretrained(engine_cfg.model)
     finally:
@@ -296,7 +384,7 @@ def emit_report(report: Any, out: str | None) -> None:
     """A command's report: its JSON to ``out`` (when given), its table to the console."""
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(report.to_json())
+        write_atomically(out, report.to_json())
     print(report.table(), flush=True)
     if out:
         print(f"wrote {out}", flush=True)

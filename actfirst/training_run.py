@@ -138,7 +138,7 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
     lines += [f"  metrics:    {out / 'metrics.jsonl'} (TensorBoard: {out / 'tensorboard'}), evaluations "
               f"{out / 'evals.jsonl'}; vLLM's log: {out / 'logs'}",
               f"  plot:       {out / 'training_curve.png'}",
-              f"  checkpoint: {out / 'checkpoints'} (a Hugging Face directory; python -m actfirst.eval --checkpoint "
-              f"...)",
+              f"  checkpoint: {out / 'checkpoints'} (re-evaluate: python -m actfirst.eval --config "
+              f"{out / 'config.json'} --checkpoint DIR; a model to hand on: python -m actfirst.export DIR --out ...)",
               f"  summary:    {out / 'run_summary.json'}"]
     return "\n".join(lines)

@@ -273,12 +273,22 @@ def test_cli_on_the_tiny_model(tmp_path, tiny_model_dir, alfworld_games):
     assert sorted(e["task_type"] for e in data["episodes"]) == sorted(types)
     assert all(e["turns"] == 2 for e in data["episodes"] if not e["success"])
     assert data["meta"]["rollout"]["budget"]["total"] == 24
+    # without a run's config, evaluation's defaults are a training run's (EvaluationConfig's)
+    assert data["meta"]["rollout"]["temperature"] == EvaluationConfig().temperature
+    assert data["meta"]["rollout"]["top_p"] == EvaluationConfig().top_p
     assert data["summary"]["overall"]["SR"]["sd"] is None  # one seed
     assert "| Overall | 2 |" in proc.stdout and f"| {types[0]} | 1 |" in proc.stdout
 
     bad = subprocess.run(cmd[:-2] + ["engine.max_model_len=512"], capture_output=True, text=True, timeout=120,
                          env=env, cwd=Path(__file__).parents[1])
     assert bad.returncode == 2 and "exceeds engine.max_model_len=512" in bad.stderr
+
+
+def test_cli_takes_sampling_from_evaluation_keys(capsys, tiny_model_dir):
+    from actfirst.eval import main
+
+    assert main(["--checkpoint", str(tiny_model_dir), "--benchmark", "alfworld", "rollout.temperature=0.4"]) == 2
+    assert "rollout.temperature=0.4: evaluation samples with evaluation.temperature=..." in capsys.readouterr().err
 
 
 def test_difference_interval_matches_newcombe():

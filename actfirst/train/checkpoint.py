@@ -5,6 +5,9 @@
                                            trainer_state.pt (optimizer, schedule, buffer, RNG, counters, extra),
                                            checkpoint.json (written last: update, time, contents)
     <out_dir>/checkpoints/latest           the name of the newest committed checkpoint
+    <out_dir>/checkpoints/best             with ``keep_best``: the checkpoint of the best evaluation SR so far
+                                           (``{"checkpoint": "update_000010", "update": 10, "SR": 41.7}``), kept
+                                           beside the ``keep`` newest ones
 
 A checkpoint is written into ``.tmp-update_000012-<pid>``, fsynced, renamed into place, and committed by atomically
 replacing ``latest``; a kill at any moment leaves the previous checkpoint and the pointer intact, and the ``.tmp-``
@@ -39,6 +42,8 @@ _TMP = ".tmp-"
 """Prefix of everything written but not committed (removed by the next save)."""
 _NAME = re.compile(r"update_(\d{6,})")
 TRAINER_STATE = "trainer_state.pt"
+BEST = "best"
+"""The record of the best checkpoint by evaluation SR (``keep_best``), beside ``latest``."""
 _SCALARS = (str, int, float, bool, type(None))
 """Exact types (numpy's float64 is a float, yet ``torch.load(weights_only=True)`` refuses it)."""
 
@@ -48,13 +53,14 @@ class CheckpointError(RuntimeError):
 
 
 @contextlib.contextmanager
-def checkpoint_transaction(out_dir: str | Path, *, update: int, keep: int = 1,
+def checkpoint_transaction(out_dir: str | Path, *, update: int, keep: int = 1, keep_best: bool = False,
                            contents: dict[str, Any] | None = None) -> Iterator[Path]:
     """Write the checkpoint of ``update`` into the yielded directory; commit it when the block ends cleanly.
 
     The directory is ``<out_dir>/checkpoints/.tmp-update_<NNNNNN>-<pid>``. On a clean exit it is fsynced, completed
     by ``checkpoint.json`` (``contents`` added to it), renamed to ``update_<NNNNNN>`` and committed by atomically
-    replacing ``latest``; the checkpoints beyond ``keep`` are then deleted. When the block raises, or a write
+    replacing ``latest``; the checkpoints beyond ``keep`` are then deleted (with ``keep_best``, not the one ``best``
+    names; without it, ``best`` goes too). When the block raises, or a write
     fails, it is removed and :class:`CheckpointError` raised: the previous checkpoint and ``latest`` are untouched.
 
     With several ranks every rank enters (a collective): rank 0 makes the directory, every rank writes its parts
@@ -77,7 +83,7 @@ def checkpoint_transaction(out_dir: str | Path, *, update: int, keep: int = 1,
     _agree(update, root, tmp, failure)
     _agree(update, root, tmp, _attempt(lambda: _commit(root, tmp, name, update, contents or {})) if lead else None)
     if lead:
-        _prune(root, update, keep)
+        _prune(root, update, keep, spare=_read_best(root) if keep_best else None)
 
 
 def _attempt(fn) -> BaseException | None:
@@ -266,19 +272,59 @@ def _read_pointer(root: Path) -> str | None:
     return name if _NAME.fullmatch(name) else None
 
 
-def _prune(root: Path, update: int, keep: int) -> None:
-    """Delete the checkpoints other than ``update`` and the ``keep - 1`` newest before it, renamed to ``.tmp-`` names
-    first (a kill inside the deletion never leaves a half-deleted ``update_*``), and every other ``.tmp-`` entry."""
+def _prune(root: Path, update: int, keep: int, spare: str | None = None) -> None:
+    """Delete the checkpoints other than ``update``, the ``keep - 1`` newest before it and ``spare`` (the best one, or
+    None: then the ``best`` record goes too), renamed to ``.tmp-`` names first (a kill inside the deletion never
+    leaves a half-deleted ``update_*``), and every other ``.tmp-`` entry."""
     others = [(u, p) for u, p in _checkpoints(root) if u != update]
     older = [p for u, p in others if u < update]
-    kept = set(older[max(0, len(older) - keep + 1):])
+    kept = set(older[max(0, len(older) - keep + 1):]) | ({root / spare} if spare is not None else set())
     try:
+        if spare is None:
+            (root / BEST).unlink(missing_ok=True)
         for _, path in others:
             if path not in kept:
                 path.rename(root / f"{_TMP}del-{path.name}-{os.getpid()}")
         _remove_leftovers(root)
     except OSError as e:  # the new checkpoint is committed; what is left behind is only disk space
         warnings.warn(f"could not delete old checkpoints in {root}: {e}", stacklevel=3)
+
+
+def record_best(out_dir: str | Path, *, update: int, sr: float, keep: int) -> bool:
+    """``keep_best``: after the evaluation of ``update`` (its SR ``sr``), make its checkpoint the ``best`` one when it
+    has a checkpoint and its SR beats the recorded best's (of equal SRs the earlier stays); the checkpoint it replaces
+    is deleted unless it is one of the ``keep`` newest. Returns whether ``best`` changed. The record is written
+    atomically (a temporary file renamed over it)."""
+    root = Path(out_dir) / "checkpoints"
+    name = f"update_{update:06d}"
+    best = _read_best(root)
+    if not (root / name / "checkpoint.json").is_file() or (best is not None and _best_record(root)["SR"] >= sr):
+        return False
+    tmp = root / f"{_TMP}best-{os.getpid()}"
+    _write_synced(tmp, json.dumps({"checkpoint": name, "update": update, "SR": sr}) + "\n")
+    os.replace(tmp, root / BEST)
+    _fsync(root)
+    latest = _read_pointer(root)
+    if latest is not None:
+        _prune(root, int(_NAME.fullmatch(latest)[1]), keep, spare=name)
+    return True
+
+
+def _best_record(root: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads((root / BEST).read_text())
+    except (FileNotFoundError, NotADirectoryError, json.JSONDecodeError):
+        return None
+    if not (isinstance(record, dict) and isinstance(record.get("checkpoint"), str)
+            and _NAME.fullmatch(record["checkpoint"]) and isinstance(record.get("SR"), (int, float))):
+        return None
+    return record
+
+
+def _read_best(root: Path) -> str | None:
+    """The name of the checkpoint ``best`` names, while it is on disk (None otherwise)."""
+    record = _best_record(root)
+    return record["checkpoint"] if record is not None and (root / record["checkpoint"]).is_dir() else None
 
 
 def _remove_leftovers(root: Path) -> None:

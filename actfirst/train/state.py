@@ -43,11 +43,13 @@ def rank_file(rank: int) -> str:
 
 def save_training_checkpoint(out_dir: str | Path, *, update: int, keep: int, ctx: ParallelContext,
                              policy: LMHeadModel, optimizer: torch.optim.Optimizer, tokenizer: Any,
-                             trainer_state: dict[str, Any], rank_state: dict[str, Any]) -> None:
-    """Every rank calls it (see the module docstring); ``trainer_state`` is used on rank 0 only. Raises
-    ``CheckpointError`` on every rank when any part could not be written (the previous checkpoint stays)."""
+                             trainer_state: dict[str, Any], rank_state: dict[str, Any],
+                             keep_best: bool = False) -> None:
+    """Every rank calls it (see the module docstring); ``trainer_state`` is used on rank 0 only; ``keep``,
+    ``keep_best``: which checkpoints stay (``checkpoint_transaction``). Raises ``CheckpointError`` on every rank when
+    any part could not be written (the previous checkpoint stays)."""
     contents = {"world_size": ctx.world_size, "trainer_state": sorted(trainer_state)}
-    with checkpoint_transaction(out_dir, update=update, keep=keep, contents=contents) as tmp:
+    with checkpoint_transaction(out_dir, update=update, keep=keep, keep_best=keep_best, contents=contents) as tmp:
         # The collectives first: a rank whose own write fails below meets the others in the transaction's verdict.
         (tmp / OPTIMIZER_DIR).mkdir(exist_ok=True)
         dcp.save({"optimizer": get_optimizer_state_dict(policy, optimizer)}, checkpoint_id=str(tmp / OPTIMIZER_DIR))

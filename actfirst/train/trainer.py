@@ -56,7 +56,7 @@ from actfirst.engine.request import RequestKind, SamplingSpec
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.eval_report import teacher_summary
-from actfirst.evaluation import evaluate, merge_reports, pick_tasks
+from actfirst.evaluation import merge_reports, run_evaluation
 from actfirst.files import write_atomically
 from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
@@ -77,7 +77,7 @@ from actfirst.rollout.strategies import make_strategy
 from actfirst.sample import Sample
 from actfirst.schema import config_json, to_dict
 from actfirst.train.buffer import SampleBuffer
-from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics
+from actfirst.train.checkpoint import latest_checkpoint, record_best, restore_rng, rng_state, truncate_metrics
 from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, RunClock, account
 from actfirst.train.head import LMHeadModel
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
@@ -349,8 +349,7 @@ class Trainer:
             self._restore()
         self._open_outputs()
         self.teacher_sr = (teacher_summary(self.cfg.teacher) or {}).get("SR", {}).get("mean")
-        self.eval_tasks = (pick_tasks(self.benchmark, self.benchmark.tasks(self.cfg.evaluation.split),
-                                      self.cfg.evaluation.tasks) if self.cfg.evaluation is not None else [])
+        self.eval_plan = run_evaluation(self.cfg, self.benchmark) if self.cfg.evaluation is not None else None
         bar = tqdm(total=self.cfg.num_updates, initial=self.first_update - 1, desc="updates", unit="update",
                    disable=not self.ctx.lead, dynamic_ncols=True)
         try:
@@ -575,10 +574,11 @@ class Trainer:
             tqdm.write(f"  episode failed: {failure}")
 
     def save_checkpoint(self, update: int) -> None:
-        """Every ``checkpoint_every`` updates and after the last (after the metrics: a kill between the two loses
-        the update, never a line of the series)."""
+        """Every ``checkpoint_every`` updates, after the last, and with ``keep_best`` at every evaluation (after the
+        metrics: a kill between the two loses the update, never a line of the series)."""
         cfg = self.cfg
-        if not (update % cfg.checkpoint_every == 0 or update == cfg.num_updates):
+        evaluated = cfg.keep_best and cfg.evaluation is not None and self._eval_due(update)
+        if not (update % cfg.checkpoint_every == 0 or update == cfg.num_updates or evaluated):
             return
         trainer_state = {
             "update": update, "config": to_dict(cfg), "updater": self.updater.state_dict(),
@@ -592,7 +592,7 @@ class Trainer:
             rank_state["intervention"] = self.intervention.state_dict()
         save_training_checkpoint(self.out_dir, update=update, keep=cfg.keep_checkpoints, ctx=self.ctx,
                                  policy=self.policy, optimizer=self.updater.optimizer, tokenizer=self.tokenizer,
-                                 trainer_state=trainer_state, rank_state=rank_state)
+                                 trainer_state=trainer_state, rank_state=rank_state, keep_best=cfg.keep_best)
 
     async def evaluate(self, update: int, on_start: bool = False) -> None:
         """Evaluate the engines' current weights when due (every rank plays its share of the episodes); rank 0
@@ -606,10 +606,9 @@ class Trainer:
             return  # already evaluated (a resume after the evaluation's record)
         t0, elapsed = time.perf_counter(), self.clock.elapsed()  # the training time it evaluates (its own excluded)
         if self.ctx.lead:
-            tqdm.write(f"evaluation at update {update}: {len(self.eval_tasks)} tasks x seeds {spec.seeds}")
-        report = await evaluate(self.engine, self.tokenizer, self.benchmark, self.eval_tasks, seeds=spec.seeds,
-                                rollout=spec.sampling(self.cfg.rollout), max_in_flight=spec.max_in_flight,
-                                progress=False, pool=self.pool, shard=(self.ctx.rank, self.ctx.world_size))
+            tqdm.write(f"evaluation at update {update}: {len(self.eval_plan.tasks)} tasks x seeds {spec.seeds}")
+        report = await self.eval_plan.play(self.engine, self.tokenizer, progress=False, pool=self.pool,
+                                           shard=(self.ctx.rank, self.ctx.world_size))
         parts = all_gather_objects(report)
         self.engine.records.clear()  # the evaluation's requests are not the next update's queue statistics
         wall = reduce_max([time.perf_counter() - t0])[0]
@@ -635,8 +634,11 @@ class Trainer:
         with (self.out_dir / "evals.jsonl").open("a") as f:
             f.write(json.dumps(row, default=str) + "\n")
         lo, hi = summary["SR_ci95_pooled"]
+        best = self.cfg.keep_best and record_best(self.out_dir, update=update, sr=summary["SR"]["mean"],
+                                                  keep=self.cfg.keep_checkpoints)
         tqdm.write(f"evaluation at update {update}: SR {summary['SR']['mean']:.1f} ± {summary['SR']['sd']:.1f} "
-                   f"(95% CI [{lo:.1f}, {hi:.1f}], {summary['episodes']} episodes) in {wall:.0f} s")
+                   f"(95% CI [{lo:.1f}, {hi:.1f}], {summary['episodes']} episodes) in {wall:.0f} s"
+                   f"{' (the best so far: kept)' if best else ''}")
         plot_training_curve(self.out_dir, teacher_sr=self.teacher_sr)
 
 

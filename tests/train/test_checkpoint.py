@@ -278,6 +278,36 @@ def test_keep_prune_fallback_and_leftovers(tmp_path, tiny):
         load_checkpoint(root / "update_000009")
 
 
+def test_keep_best_keeps_the_best_evaluation_beside_the_newest(tmp_path):
+    """keep_best: the checkpoint of the best SR so far stays beside the ``keep`` newest; an equal SR does not replace
+    it; an update without a checkpoint (the starting student) is never the best; without keep_best it goes."""
+    root = tmp_path / "checkpoints"
+
+    def save(update, keep_best=True):
+        with checkpoint.checkpoint_transaction(tmp_path, update=update, keep=1, keep_best=keep_best) as d:
+            (d / "weights").write_text(str(update))
+
+    def on_disk():
+        return sorted(int(p.name[-6:]) for p in root.glob("update_*"))
+
+    def best():
+        return json.loads((root / "best").read_text())
+
+    assert not checkpoint.record_best(tmp_path, update=0, sr=100.0, keep=1)  # no checkpoint of update 0
+    steps = [(1, 10.0, True, [1]), (2, 30.0, True, [2]), (3, 20.0, False, [2, 3]), (4, 30.0, False, [2, 4])]
+    for update, sr, better, kept in steps:
+        save(update)
+        assert checkpoint.record_best(tmp_path, update=update, sr=sr, keep=1) is better
+        assert on_disk() == kept, update
+    assert best() == {"checkpoint": "update_000002", "update": 2, "SR": 30.0}
+    assert latest_checkpoint(tmp_path) == root / "update_000004"
+    (root / "best").write_text("not json")  # a damaged record counts as none
+    save(5)
+    assert checkpoint.record_best(tmp_path, update=5, sr=1.0, keep=1) and on_disk() == [5]
+    save(6, keep_best=False)
+    assert on_disk() == [6] and not (root / "best").exists()
+
+
 @pytest.mark.parametrize("where", ["trainer_state", "pointer"])
 def test_disk_full_fault_injection_keeps_previous_checkpoint(tmp_path, tiny, monkeypatch, where):
     """Fault injection (we run as root, where chmod cannot make a directory unwritable): the write of the trainer

@@ -1,0 +1,220 @@
+"""Export of a training checkpoint as a model to hand on: a plain Hugging Face directory with no training state.
+
+::
+
+    out = export_checkpoint("runs/demo/actfirst/checkpoints/update_000020", "exports/demo", dtype="bfloat16",
+                            command="python -m actfirst.export ...")
+    push_to_hub(out, "me/actfirst-demo")           # optional: huggingface_hub's upload (needs a token and the net)
+
+A checkpoint (``actfirst.train.state``) holds the float32 student beside AdamW's shards, the trainer's state and each
+rank's state. The export keeps only what loads the model: ``config.json`` (its ``dtype``/``torch_dtype`` the export's
+dtype), ``generation_config.json``, the weights (every floating tensor cast to the dtype, round to nearest even as
+``Tensor.to`` does; shard by shard, so no more than one shard is in memory), the tokenizer with its chat template,
+and a model card ``README.md``: the base model (the run's ``student.model``), the teacher, the benchmark, the method
+(``rollout.strategy``), the updates, the run's evaluations found beside the checkpoint (``evals.jsonl`` and the
+report of this update), and the command that made it.
+
+The directory is written under a temporary name beside ``out``, fsynced and renamed into place: an interrupted export
+leaves no ``out`` (its leftover is removed by the next export to the same ``out``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+from actfirst.eval_report import load_report
+from actfirst.rollout.strategies import STRATEGIES
+from actfirst.train.checkpoint import load_checkpoint
+from actfirst.train.plots import read_records
+from actfirst.user_input import ConfigError, check_model_dir
+
+EXPORT_DTYPES = ("float32", "bfloat16", "float16")
+MODEL_FILES = ("config.json", "generation_config.json")
+"""Copied from the checkpoint (``config.json`` with the export's dtype)."""
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A Hugging Face Hub model id (``Qwen/Qwen3-1.7B``)."""
+
+
+def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
+                      command: str = "") -> Path:
+    """Write the export of training checkpoint ``checkpoint`` to ``out`` (see the module docstring); returns ``out``.
+    ``command``: the command line that made it, for the model card. Raises ``ConfigError`` for a directory that is
+    not a complete training checkpoint, an unknown dtype, or an ``out`` that exists and is not empty."""
+    checkpoint, out = Path(checkpoint), Path(out)
+    if dtype not in EXPORT_DTYPES:
+        raise ConfigError(f"--dtype={dtype!r}: must be one of {list(EXPORT_DTYPES)}")
+    state = read_training_state(checkpoint)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out={str(out)!r}: exists and is not an empty directory; choose another or remove it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in out.parent.glob(f".tmp-{out.name}-*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        _write_model(checkpoint, tmp, dtype)
+        _write_tokenizer(checkpoint, tmp)
+        (tmp / "README.md").write_text(model_card(checkpoint, state, dtype=dtype, command=command))
+        check_model_dir(tmp, "the export")
+        mode = 0o666 & ~_umask()  # as a plain file the user writes (the safetensors writer makes 0600 files)
+        for path in tmp.iterdir():
+            path.chmod(mode)
+            _fsync(path)
+        _fsync(tmp)
+        if out.exists():
+            out.rmdir()  # empty (checked above)
+        tmp.rename(out)
+        _fsync(out.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def read_training_state(checkpoint: Path) -> dict[str, Any]:
+    """The trainer state of a complete training checkpoint (its ``config`` and ``update``); ``ConfigError`` for any
+    other directory."""
+    check_model_dir(checkpoint, "checkpoint")
+    if not (checkpoint / "checkpoint.json").is_file():
+        raise ConfigError(f"checkpoint={str(checkpoint)!r}: not a complete training checkpoint (no checkpoint.json): "
+                          f"export takes <out_dir>/checkpoints/update_NNNNNN of a run")
+    state = load_checkpoint(checkpoint)
+    if not isinstance(state.get("config"), dict):
+        raise ConfigError(f"checkpoint={str(checkpoint)!r}: its trainer_state.pt holds no run config")
+    return state
+
+
+def _write_model(checkpoint: Path, out: Path, dtype: str) -> None:
+    """config.json (with ``dtype``), generation_config.json, and the weights cast shard by shard."""
+    import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    target = getattr(torch, dtype)
+    config = json.loads((checkpoint / "config.json").read_text())
+    config.update(dtype=dtype, torch_dtype=dtype)  # transformers 5 reads dtype; older readers and tools torch_dtype
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if (checkpoint / MODEL_FILES[1]).is_file():
+        shutil.copyfile(checkpoint / MODEL_FILES[1], out / MODEL_FILES[1])
+    total = 0
+    for shard in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(shard), framework="pt") as f:
+            metadata = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}  # a safe_open is not iterable
+        tensors = {k: t.to(target) if t.is_floating_point() else t for k, t in tensors.items()}
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        save_file(tensors, str(out / shard.name), metadata=metadata)
+    if (checkpoint / SAFETENSORS_INDEX).is_file():
+        index = json.loads((checkpoint / SAFETENSORS_INDEX).read_text())
+        index["metadata"] = {**index.get("metadata", {}), "total_size": total}
+        (out / SAFETENSORS_INDEX).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _write_tokenizer(checkpoint: Path, out: Path) -> None:
+    """The checkpoint's tokenizer and chat template, as transformers saves them."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+    if not tokenizer.chat_template:
+        raise ConfigError(f"checkpoint={str(checkpoint)!r}: its tokenizer has no chat template")
+    tokenizer.save_pretrained(out)
+
+
+def model_card(checkpoint: Path, state: dict[str, Any], *, dtype: str, command: str) -> str:
+    """The export's ``README.md``: Hub metadata, then what the model is, how it was made and how it evaluated."""
+    cfg, update = state["config"], int(state["update"])
+    strategy = cfg["rollout"]["strategy"]
+    label = STRATEGIES[strategy].label if strategy in STRATEGIES else strategy
+    base, teacher = str(cfg["student"]["model"]), str(cfg["teacher"])
+    front = ["---", "library_name: transformers", "pipeline_tag: text-generation",
+             f"tags: [actfirst, on-policy-distillation, {cfg['benchmark']}]"]
+    if HUB_ID.fullmatch(base) and not Path(base).exists():
+        front.append(f"base_model: {base}")
+    lines = [*front, "---", "", f"# {label} student on {cfg['benchmark']}", "",
+             f"A student model distilled on-policy from a teacher by {label} (`rollout.strategy: {strategy}`) with "
+             "ActFirst, exported from a training checkpoint.", "",
+             "| | |", "|---|---|",
+             f"| base model (the student at update 0) | `{base}` |", f"| teacher | `{teacher}` |",
+             f"| benchmark | {cfg['benchmark']} |", f"| method | {label} (`{strategy}`) |",
+             f"| updates | {update} of {cfg['num_updates']} (batches of {cfg['batch_samples']} full responses) |",
+             f"| weights | {dtype} |", f"| checkpoint | `{checkpoint}` |", "",
+             "## Evaluation", "", *evaluation_section(checkpoint.parent.parent, update), "",
+             "## How it was made", "", "```bash", command or "python -m actfirst.export ...", "```", ""]
+    return "\n".join(lines)
+
+
+def evaluation_section(run_dir: Path, update: int) -> list[str]:
+    """The run's evaluations (``evals.jsonl`` beside the checkpoint): SR by update, and the full table of ``update``'s
+    report where the run evaluated it."""
+    rows = read_records(run_dir / "evals.jsonl")
+    if not rows:
+        return [f"No evaluation of the run was found beside the checkpoint ({run_dir / 'evals.jsonl'})."]
+    lines = ["The run's own evaluations (think-then-act, the evaluation thinking budget; mean ± sample SD over the "
+             "seeds, pooled 95% Wilson interval):", "", "| update | episodes | SR (%) | SR 95% CI |",
+             "|---:|---:|---:|---|"]
+    for row in rows:
+        s = row["summary"]
+        sd = f" ± {s['SR']['sd']:.1f}" if _finite(s["SR"]["sd"]) else ""
+        lo, hi = s["SR_ci95_pooled"]
+        lines.append(f"| {row['update']} | {s['episodes']} | {s['SR']['mean']:.1f}{sd} | [{lo:.1f}, {hi:.1f}] |")
+    this = [row for row in rows if row["update"] == update and (run_dir / row["report"]).is_file()]
+    if this:
+        lines += ["", f"At update {update} (this model):", "", load_report(run_dir / this[-1]["report"]).table()]
+    return lines
+
+
+def check_hub_repo(repo: str) -> None:
+    """Refuse a push that cannot happen, before any work: a malformed repo id, offline mode, no token."""
+    from huggingface_hub import constants, get_token
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo)
+    except HFValidationError as e:
+        raise ConfigError(f"--push-to-hub={repo!r}: not a Hub repo id ({e})") from None
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(f"--push-to-hub={repo!r}: the Hub is offline here (HF_HUB_OFFLINE is set); export without "
+                          f"--push-to-hub and upload the directory later (hf upload {repo} DIR)")
+    if get_token() is None:
+        raise ConfigError(f"--push-to-hub={repo!r}: no Hugging Face token (set HF_TOKEN or run `hf auth login`)")
+
+
+def push_to_hub(out: Path, repo: str, *, private: bool = False) -> str:
+    """Upload the export ``out`` to model repo ``repo`` (created when missing) with huggingface_hub; returns the
+    commit's URL. A failed upload is refused in one line naming the repo; the export stays complete at ``out``."""
+    from huggingface_hub import HfApi
+
+    check_hub_repo(repo)
+    api = HfApi()
+    try:
+        api.create_repo(repo, repo_type="model", private=private, exist_ok=True)
+        info = api.upload_folder(repo_id=repo, folder_path=out, repo_type="model",
+                                 commit_message=f"ActFirst export of {out.name}")
+    except Exception as e:  # noqa: BLE001 - the network's and the Hub's errors, reported in one line
+        raise ConfigError(f"--push-to-hub={repo!r}: the upload failed ({type(e).__name__}: {e}); the export is "
+                          f"complete at {out}") from None
+    return str(info.commit_url)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
