@@ -17,6 +17,7 @@ from actfirst.envs.benchmarks import BENCHMARKS
 from actfirst.models.hub import is_hub_id
 from actfirst.rollout.strategies import STRATEGIES, TCODConfig, UOPDConfig
 from actfirst.schema import check, check_dir, paths_checked, to_dict, type_from
+from actfirst.train.trackers import check_report_to
 from actfirst.user_input import ConfigError, check_exists
 
 DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo" / "scienceworld_lifespan.yaml"
@@ -478,6 +479,12 @@ class TrainConfig:
     """vLLM's own log lines on the console from this level up; all of them (INFO and up) go to
     ``<out_dir>/logs/vllm_rank<r>.log``."""
     prepare: PrepareConfig = dataclasses.field(default_factory=PrepareConfig)
+    report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])
+    """Trackers that receive every update's metrics, the config and the training curve (rank 0 only):
+    ``tensorboard``, ``wandb``, ``trackio`` (``actfirst.train.trackers``); ``[]``: none. ``metrics.jsonl`` is always
+    written."""
+    tracker_project: str = "actfirst"
+    """The wandb / Trackio project (the run's name there: its out_dir's last part)."""
     seed: int = 0
     out_dir: str = "runs/train"
 
@@ -496,6 +503,8 @@ class TrainConfig:
         check(self.teacher_revision is None or bool(self.teacher_revision.strip()), "teacher_revision",
               self.teacher_revision, "must name a branch, tag or commit (or be null)")
         check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
+        check_report_to(self.report_to)
+        check(bool(self.tracker_project.strip()), "tracker_project", self.tracker_project, "must name a project")
         check(self.references is None or bool(self.references.strip()), "references", self.references,
                "must name a reference cache file (or be null)")
         check(not (self.student.sleep_level and self.overlap), "student.sleep_level", self.student.sleep_level,
@@ -558,7 +567,7 @@ def check_paths(cfg: TrainConfig, *, references: bool = True) -> None:
 
 
 RESUMABLE_CHANGES = ("out_dir", "num_updates", "checkpoint_every", "keep_checkpoints", "keep_best", "probe_every",
-                     "evaluation", "prepare", "parallel", "vllm_console_level")
+                     "evaluation", "prepare", "parallel", "vllm_console_level", "report_to", "tracker_project")
 """Config sections a resumed run may change (``out_dir``: a run is where it is, moved or spelled otherwise); any
 other difference from the run's saved config is refused."""
 
@@ -570,8 +579,10 @@ def check_resumable(saved: dict[str, Any], current: dict[str, Any], what: str, *
     ``saved`` is the run's (checkpointed or finished), ``current`` the one given now, ``what`` names the action, and
     the message names every differing field outside the sections ``may_change`` with both values. A field the saved
     config does not have (written before it existed) counts as its default."""
-    defaults = _plain({f.name: to_dict(f.default_factory()) for f in dataclasses.fields(TrainConfig)
-                       if f.default_factory is not dataclasses.MISSING})
+    made = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+            for f in dataclasses.fields(TrainConfig)}
+    defaults = _plain({k: to_dict(v) if dataclasses.is_dataclass(v) else v for k, v in made.items()
+                       if v is not dataclasses.MISSING})
     saved = _env_section(saved)
     keys, saved, current = sorted(set(saved) | set(current)), _with_defaults(_plain(saved), defaults), _plain(current)
     differ = [d for k in keys if k not in may_change for d in _differences(saved.get(k), current.get(k), k)]

@@ -15,6 +15,7 @@ from actfirst.config import DEMO_CONFIG, TrainConfig
 from actfirst.eval_report import load_episodes, sr_change, teacher_summary
 from actfirst.preparation import ensure_prepared, load_run_config, resolve_models
 from actfirst.train.clock import PARTS, launch_info
+from actfirst.train.trackers import tracker_locations
 
 if TYPE_CHECKING:
     from actfirst.train.trainer import TrainResult
@@ -135,8 +136,9 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
     gaps = [g for g in summary["probe_gaps"] if g is not None]
     if gaps:
         lines.append(f"  teacher-minus-student gap (probe): {gaps[0]:+.3f} -> {gaps[-1]:+.3f} nat/token")
-    lines += [f"  metrics:    {out / 'metrics.jsonl'} (TensorBoard: {out / 'tensorboard'}), evaluations "
-              f"{out / 'evals.jsonl'}; vLLM's log: {out / 'logs'}",
+    trackers = tracker_locations(cfg.report_to, out, cfg.tracker_project)
+    lines += [f"  metrics:    {out / 'metrics.jsonl'}, evaluations {out / 'evals.jsonl'}; vLLM's log: {out / 'logs'}",
+              *(f"  {name + ':':<11} {where}" for name, where in trackers.items()),
               f"  plot:       {out / 'training_curve.png'}",
               f"  checkpoint: {out / 'checkpoints'} (re-evaluate: python -m actfirst.eval --config "
               f"{out / 'config.json'} --checkpoint DIR; a model to hand on: python -m actfirst.export DIR --out ...)",

@@ -83,6 +83,8 @@ def test_a_run_resumes_only_under_its_own_config():
     check_resumable(saved, current, "resume")
     del saved["uopd"], saved["optim"]["betas"]  # older files: both come back as their defaults
     check_resumable(saved, current, "resume")
+    del saved["report_to"], saved["tracker_project"]  # saved before the trackers; a resume may change them
+    check_resumable(saved, {**current, "report_to": [], "tracker_project": "elsewhere"}, "resume")
     with pytest.raises(ConfigError) as refused:
         check_resumable(saved, dataclasses.asdict(other), "resume")  # tuples and paths as JSON holds them
     assert str(refused.value).startswith("resume: the config differs from the run's saved config: optim.lr: 0.0005 "

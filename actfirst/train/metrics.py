@@ -1,5 +1,5 @@
 """Training metrics: rollout statistics (Appendix F's reference alignment, fallbacks, throughput) and the sink that
-writes them (JSONL always, TensorBoard where installed, one line per update on the terminal)."""
+writes them (JSONL always, and the trackers of ``report_to``), and the terminal's line per update."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from actfirst.rollout.runner import EpisodeResult
 from actfirst.rollout.strategies import ActionSource
+from actfirst.train.trackers import Tracker
 
 ALIGNMENT_WINDOW = 10
 """Appendix F: windowed rates aggregate the latest 10 completed rollout batches."""
@@ -62,36 +63,43 @@ def rollout_rates(counts: dict[str, float]) -> dict[str, float]:
 
 class MetricsSink:
     """Writes one record per update to ``<out_dir>/metrics.jsonl`` (appending, so a resumed run continues the
-    series), to TensorBoard when ``tensorboard`` is installed, and a one-line summary to the terminal."""
+    series; always) and its finite scalars to each tracker of ``report_to`` (``actfirst.train.trackers``)."""
 
-    def __init__(self, out_dir: str | Path) -> None:
+    def __init__(self, out_dir: str | Path, trackers: Sequence[Tracker] = ()) -> None:
         self.path = Path(out_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("a")
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
-        except ImportError:  # tensorboard is optional
-            self._tb = None
+        self.trackers = list(trackers)
 
     def log(self, update: int, record: dict[str, Any]) -> None:
         record = {"update": update, **record}
         self._file.write(json.dumps(_finite(record), default=str) + "\n")
         self._file.flush()
-        if self._tb is not None:
-            for key, value in _flat(record).items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                    self._tb.add_scalar(key, value, update)
+        scalars = scalar_metrics(record)
+        for tracker in self.trackers:
+            tracker.log(update, scalars)
+
+    def log_image(self, update: int, key: str, path: str | Path | None) -> None:
+        """Give every tracker the PNG at ``path`` (None: nothing was drawn)."""
+        if path is not None:
+            for tracker in self.trackers:
+                tracker.log_image(update, key, Path(path))
 
     def close(self) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        for tracker in self.trackers:
+            tracker.close()
+
+
+def scalar_metrics(record: dict[str, Any]) -> dict[str, float]:
+    """The finite numbers of ``record``, nested keys as ``a/b`` (what the trackers receive; booleans, strings,
+    lists, NaN and inf are left out)."""
+    return {key: value for key, value in _flat(record).items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)}
 
 
 def _flat(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as ``a/b`` keys (TensorBoard takes scalars only)."""
+    """Nested dicts as ``a/b`` keys."""
     out: dict[str, Any] = {}
     for key, value in record.items():
         if isinstance(value, dict):

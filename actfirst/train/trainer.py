@@ -87,6 +87,7 @@ from actfirst.train.speedup import EpisodeLatencies, batch_times, speedups
 from actfirst.train.state import load_training_checkpoint, save_training_checkpoint
 from actfirst.train.student import StudentUpdater
 from actfirst.train.teacher import TeacherScorer
+from actfirst.train.trackers import TrackedRun, open_trackers
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ENGINE_PROBE = "The same weights give the same log-probs on every rank."
@@ -329,7 +330,8 @@ class Trainer:
         if self.resume:  # drop what the updates after the checkpoint (or before any checkpoint) logged
             truncate_metrics(self.out_dir / "metrics.jsonl", self.first_update - 1)
             truncate_metrics(self.out_dir / "evals.jsonl", self.first_update - 1)
-        self.sink = MetricsSink(self.out_dir)
+        self.sink = MetricsSink(self.out_dir, open_trackers(self.cfg.report_to, TrackedRun(
+            self.out_dir, self.cfg.tracker_project, json.loads(config_json(self.cfg)), self.first_update)))
         self.clock.open_session(self.out_dir / CLOCK, kept_evaluations=sum(
             r["eval_wall_s"] for r in read_records(self.out_dir / "evals.jsonl")))
 
@@ -365,7 +367,7 @@ class Trainer:
                     await self.step(update)
                     bar.update(1)
                 if self.ctx.lead:
-                    plot_training_curve(self.out_dir, teacher_sr=self.teacher_sr)
+                    self._draw_curve(self.cfg.num_updates)
         finally:
             if self.pending is not None:
                 self.pending.cancel()
@@ -639,7 +641,11 @@ class Trainer:
         tqdm.write(f"evaluation at update {update}: SR {summary['SR']['mean']:.1f} ± {summary['SR']['sd']:.1f} "
                    f"(95% CI [{lo:.1f}, {hi:.1f}], {summary['episodes']} episodes) in {wall:.0f} s"
                    f"{' (the best so far: kept)' if best else ''}")
-        plot_training_curve(self.out_dir, teacher_sr=self.teacher_sr)
+        self._draw_curve(update)
+
+    def _draw_curve(self, update: int) -> None:
+        """Rank 0: redraw ``training_curve.png`` and give it to the trackers."""
+        self.sink.log_image(update, "training_curve", plot_training_curve(self.out_dir, teacher_sr=self.teacher_sr))
 
 
 def kernel_paths() -> dict[str, str]:

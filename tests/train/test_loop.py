@@ -1,6 +1,7 @@
 """The training loop end to end through its command line (a subprocess: its own vLLM engine), on generated ALFWorld
 games with tiny models: the update turns (train-inference mismatch near zero, the weight version advancing in the
-engine, nothing thrown away), checkpoints are written, and ``--resume`` continues the same series."""
+engine, nothing thrown away), checkpoints are written, ``--resume`` continues the same series, and the TensorBoard
+directory the run's final message names holds it."""
 
 import json
 import os
@@ -9,6 +10,8 @@ import sys
 
 import pytest
 import yaml
+
+from actfirst.train.metrics import scalar_metrics
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +54,7 @@ def test_the_loop_turns_and_resumes(run_config):
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "update_000002"
     check_wall_clock(run_dir, rows)
     check_rollout_diagnostics(rows)
+    check_tensorboard(out, rows)
 
     # A second run without --resume refuses to mix its metrics into this run's.
     proc = subprocess.run([sys.executable, "-m", "actfirst.run", "--config", str(config)], capture_output=True,
@@ -69,6 +73,23 @@ def test_the_loop_turns_and_resumes(run_config):
     check_wall_clock(run_dir, rows)
     check_rollout_diagnostics(rows)
     assert rows[2]["throughput/window_s"] > rows[1]["throughput/window_s"]  # the window goes on after the resume
+    check_tensorboard(out, rows)  # the redone update's first events dropped, as in metrics.jsonl
+
+
+def check_tensorboard(stdout, rows):
+    """The TensorBoard directory the run's final message names holds every update's metrics, as metrics.jsonl does,
+    and the training curve drawn at the end."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    [line] = [line for line in stdout.splitlines() if line.startswith("  tensorboard: ")]
+    events = EventAccumulator(line.split()[1], size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    logged = {key: {e.step: e.value for e in events.Scalars(key)} for key in events.Tags()["scalars"]}
+    assert sorted(logged["loss"]) == [r["update"] for r in rows] and "probe/gap" in logged
+    for row in rows:
+        for key, value in scalar_metrics(row).items():
+            assert logged[key][row["update"]] == pytest.approx(value, rel=1e-6), key  # float32 in the event file
+    assert events.Images("training_curve")[-1].step == rows[-1]["update"]
 
 
 def test_uopd_through_the_loop_keeps_its_score_buffer_across_resume(run_config, tmp_path):
