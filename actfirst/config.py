@@ -416,9 +416,9 @@ class ParallelConfig:
         check(self.peer_timeout_s >= 5, "peer_timeout_s", self.peer_timeout_s, "must be >= 5")
 
 
-def _env_section_type(values: dict[str, Any]) -> Any:
-    """The type of a training config's ``env:``, from its ``benchmark`` (None for none or an unknown one: the
-    config's own check names it)."""
+def env_section_type(values: dict[str, Any]) -> Any:
+    """The type of a config's ``env:`` (a training config's, ``actfirst.teacher_sft``'s), from its ``benchmark``
+    (None for none or an unknown one: the config's own check names it)."""
     name = values.get("benchmark")
     return BENCHMARKS[name].config_class | None if name in BENCHMARKS else None
 
@@ -429,7 +429,7 @@ class TrainConfig:
 
     benchmark: str
     """A registered benchmark's name (``actfirst.envs.benchmarks.BENCHMARKS``)."""
-    env: Any = dataclasses.field(default=None, metadata=type_from(_env_section_type))
+    env: Any = dataclasses.field(default=None, metadata=type_from(env_section_type))
     """The benchmark's environment section, of its ``Benchmark.config_class`` (absent or null: its default file,
     configs/envs/<benchmark>.yaml)."""
     student: EngineConfig

@@ -14,6 +14,7 @@ from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.rollout.strategies import STRATEGIES
 from actfirst.schema import load_config
+from actfirst.teacher_sft import TeacherSFTConfig
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 TRAIN = sorted(p for p in (CONFIGS / "train").rglob("qwen3-*.yaml"))
@@ -36,6 +37,8 @@ def config_class(path: Path) -> type:
         return ModelConfig
     if rel.name.startswith("rollout_speedup"):
         return RolloutSpeedupConfig
+    if rel.parts[0] == "teacher":
+        return TeacherSFTConfig
     raise AssertionError(f"{rel}: no config class known for this file; add it to tests/test_configs.py")
 
 
@@ -145,11 +148,13 @@ def test_every_shipped_yaml_loads_into_its_class(tmp_path, paths):
     seen = set()
     for path in sorted(CONFIGS.rglob("*.yaml")):
         cls = config_class(path)
-        overrides = {TrainConfig: paths, RolloutSpeedupConfig: [f"engine.model={model_dir}"]}.get(cls, [])
+        overrides = {TrainConfig: paths, RolloutSpeedupConfig: [f"engine.model={model_dir}"],
+                     # benchmark: the 8B config takes it (and env) from --train-config
+                     TeacherSFTConfig: [f"base_model={model_dir}", paths[2], "benchmark=alfworld"]}.get(cls, [])
         assert isinstance(load_config(cls, path, overrides), cls), path
         seen.add(cls)
     builtin = {b.config_class for b in REGISTRY.values() if b.__module__.startswith("actfirst.envs.")}
-    assert len(builtin) == 4 and seen == {TrainConfig, RolloutSpeedupConfig, ModelConfig, *builtin}
+    assert len(builtin) == 4 and seen == {TrainConfig, RolloutSpeedupConfig, ModelConfig, TeacherSFTConfig, *builtin}
 
 
 def test_demo_config_builds_its_models_from_nothing():
