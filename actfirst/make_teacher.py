@@ -14,11 +14,13 @@ the last checkpoint; once ``out`` holds the teacher it does nothing.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
 
-from actfirst.user_input import ConfigError, check_model_dir, check_writable_dir, command
+from actfirst.models.hub import resolve_model
+from actfirst.user_input import ConfigError, check_writable_dir, command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,10 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     cfg = load_teacher_config(args.config, args.overrides, train_config=args.train_config)
+    # a Hub id is downloaded by the launching process only; the ranks read the cache
+    base = resolve_model(cfg.base_model, "base_model", download=not launched_as_rank())
+    cfg = dataclasses.replace(cfg, base_model=str(base))
     if finished(cfg):
         print(f"[make_teacher] {cfg.out} holds the teacher already: nothing to do", flush=True)
         return 0
-    check_model_dir(cfg.base_model, "base_model")
     check_writable_dir(Path(cfg.out).parent, "out")
     check_resumable(cfg)
     from actfirst.teacher_training import train_rank

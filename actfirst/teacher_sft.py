@@ -40,6 +40,7 @@ from actfirst.config import SFT_MODES, OptimConfig, env_section_type
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from actfirst.envs.response_format import ACTION_TAGS
 from actfirst.files import write_atomically
+from actfirst.models.hub import is_hub_id
 from actfirst.schema import check, check_dir, config_json, load_config, paths_checked, to_dict, type_from
 from actfirst.user_input import ConfigError, check_exists
 
@@ -108,8 +109,10 @@ class TeacherSFTConfig:
               "its full responses are not B.1's <think>/<action> format, which this command writes")
         check(cls.fast_actions or self.modes == ["full_response"], "modes", self.modes,
               f"benchmark {self.benchmark!r} has only full-response prompts")
-        check(bool(self.base_model.strip()), "base_model", self.base_model, "must name a Hugging Face model directory")
-        check_dir(self.base_model, "base_model")
+        check(bool(self.base_model.strip()), "base_model", self.base_model,
+              "must name a Hugging Face model directory or Hub id")
+        if not is_hub_id(self.base_model):  # an id is checked where it is resolved (actfirst.models.hub)
+            check_dir(self.base_model, "base_model")
         check(bool(self.out.strip()), "out", self.out, "must name a directory")
         check(self.references is not None or bool(self.candidate_files), "references", self.references,
               "give a reference cache, candidate_files, or both: there is nothing to train on")
