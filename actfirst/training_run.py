@@ -140,7 +140,7 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
     lines += [f"  metrics:    {out / 'metrics.jsonl'}, evaluations {out / 'evals.jsonl'}; vLLM's log: {out / 'logs'}",
               *(f"  {name + ':':<11} {where}" for name, where in trackers.items()),
               f"  plot:       {out / 'training_curve.png'}",
-              f"  checkpoint: {out / 'checkpoints'} (re-evaluate: python -m actfirst.eval --config "
-              f"{out / 'config.json'} --checkpoint DIR; a model to hand on: python -m actfirst.export DIR --out ...)",
+              (f"  checkpoint: {out / 'checkpoints'} (re-evaluate: python -m actfirst.eval --config "
+               f"{out / 'config.json'} --checkpoint DIR; a model to hand on: python -m actfirst.export DIR --out ...)"),
               f"  summary:    {out / 'run_summary.json'}"]
     return "\n".join(lines)
