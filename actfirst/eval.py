@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
     parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="env config overrides (generated_dir=..., max_turns=...); rollout.*, engine.*, "
+                        help="env config overrides (games=generated, max_turns=...); rollout.*, engine.*, "
                              "scheduler.* override those configs (rollout.budget.eval_total=..., engine.dtype=...)")
     return parser
 
