@@ -127,7 +127,8 @@ class RolloutSpeedupConfig:
     contexts: Literal["synthetic", "alfworld"] = "synthetic"
     """``alfworld``: the first turn of ALFWorld training games, proportional by type (Fig. 3(a); ``alfworld``
     says which games); ``synthetic``: ALFWorld-like text of ``context_tokens`` tokens (a quick check)."""
-    alfworld: ALFWorldConfig = dataclasses.field(default_factory=ALFWorldConfig)
+    alfworld: ALFWorldConfig | None = None
+    """With ``contexts: alfworld``: which games (``games: real`` or ``generated``)."""
     context_tokens: tuple[int, int] = (300, 600)
     """Range of context lengths (tokens) drawn for ``synthetic`` contexts."""
     fast_action_tokens: int = 16
@@ -166,6 +167,8 @@ class RolloutSpeedupConfig:
         check(need <= self.engine.max_model_len, "full_response_tokens", self.full_response_tokens,
                f"context_tokens[1] + full response = {need} exceeds engine.max_model_len={self.engine.max_model_len}")
         check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
+        check(self.contexts != "alfworld" or self.alfworld is not None, "alfworld", self.alfworld,
+               "contexts: alfworld needs an alfworld: section saying which games (games: real or generated)")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

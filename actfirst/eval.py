@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ranks on this machine, each with its own engine (ignored under torchrun)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="with --config: the run config's keys (evaluation.temperature=0.4, student.dtype=...); "
-                             "with --benchmark: env keys (max_turns=...), evaluation.*, rollout.*, engine.*, "
+                             "with --benchmark: env keys (games=generated, max_turns=...), evaluation.*, rollout.*, engine.*, "
                              "scheduler.*")
     return parser
 

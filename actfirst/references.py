@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--workers", type=int, default=4, help="environment worker processes")
     build.add_argument("--config", help="benchmark config (default configs/envs/<benchmark>.yaml)")
     build.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                       help="config overrides, e.g. generated_dir=runs/games games_per_type=2 (ALFWorld)")
+                       help="config overrides, e.g. games=generated generated_dir=runs/games (ALFWorld)")
     build.add_argument("--task-types", nargs="*",
                        help="only training tasks of these types (ScienceWorld task types; ALFWorld Pick, Look, ...)")
     build.add_argument("--per-type", type=int, default=0,

@@ -7,7 +7,8 @@ training task: the first ``--per-type`` of each task type), driven from one asyn
 them. Reported per benchmark and worker count: steps/s (resets excluded from the count, not from the time), resets,
 median step and reset latency as the driver sees them, and the resident memory of each worker with what it started
 (its JVM). Each benchmark runs its configs/envs/<name>.yaml with ``--set <name>.<key>=<value>`` overrides; ALFWorld
-uses generated games unless $ALFWORLD_DATA holds the download (generated on first use).
+plays generated games by default (``alfworld.games=generated``, generated on first use; ``alfworld.games=real`` for
+the official ones).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", nargs="+", type=int, default=[1, 16])
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--per-type", type=int, default=2, help="training tasks played per task type")
-    parser.add_argument("--set", nargs="*", default=["alfworld.games_per_type=2"], metavar="NAME.KEY=VALUE",
+    parser.add_argument("--set", nargs="*", default=["alfworld.games=generated", "alfworld.games_per_type=2"],
+                        metavar="NAME.KEY=VALUE",
                         help="config overrides per benchmark, e.g. scienceworld.max_turns=30")
     parser.add_argument("--out", default="runs/env_throughput.jsonl", help="results, one JSON line per run")
     args = parser.parse_args(argv)

@@ -41,7 +41,8 @@ TEACHER_HEAD_SCALE = 6.0
 
 def prepare(out: Path, games_per_type: int) -> dict[str, str]:
     """Games, references, student and teacher under ``out`` (skipped when already there)."""
-    env = ALFWorldConfig(max_turns=8, generated_dir=str(out / "games"), games_per_type=games_per_type)
+    env = ALFWorldConfig(games="generated", max_turns=8, generated_dir=str(out / "games"),
+                         games_per_type=games_per_type)
     benchmark = get_benchmark("alfworld", env)
     refs = out / "references.jsonl"
     if not refs.exists():
@@ -66,7 +67,7 @@ def prepare(out: Path, games_per_type: int) -> dict[str, str]:
 
 def config(paths: dict[str, str], strategy: str, updates: int, out: Path, extra: list[str]) -> TrainConfig:
     overrides = [
-        "benchmark=alfworld", f"env.generated_dir={paths['games']}", "env.max_turns=8",
+        "benchmark=alfworld", "env.games=generated", f"env.generated_dir={paths['games']}", "env.max_turns=8",
         f"env.games_per_type={GAMES_PER_TYPE}",
         f"student.model={paths['student']}", "student.dtype=float32", "student.max_model_len=2048",
         "student.max_num_seqs=64", "student.max_num_batched_tokens=4096", "student.kv_cache_gib=1",

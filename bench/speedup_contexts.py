@@ -1,8 +1,8 @@
 """The fixed interaction contexts of the rollout-speedup benchmark (000 Sec. 5.4, Fig. 3(a): "1,024 initial ALFWorld
 contexts, sampled proportionally", seed 42).
 
-``alfworld`` contexts are the first turn of real ALFWorld training games (the official ones under
-``$ALFWORLD_DATA``, else generated ones), drawn per task type in proportion to the type's share of the training
+``alfworld`` contexts are the first turn of ALFWorld training games (the official ones or generated ones, as the
+config's ``alfworld.games`` says), drawn per task type in proportion to the type's share of the training
 split, and rendered with the B.1 templates as the rollouts render them: next-action prediction for the fast action
 (no reference: the benchmark times generation, not checks), think-then-act for the full response.
 """

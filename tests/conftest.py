@@ -40,6 +40,19 @@ def tiny_model_dir(tmp_path_factory):
     return build_model(cfg, tmp_path_factory.mktemp("models") / "tiny")
 
 
+@pytest.fixture
+def alfworld_data(tmp_path, monkeypatch):
+    """$ALFWORLD_DATA at a tree shaped like ALFWorld's download (``json_2.1.1/<split>/<task>/<trial>/game.tw-pddl``,
+    the files empty), so that configs with ``games: real`` load where nothing is played; returns its root."""
+    root = tmp_path / "alfworld_data"
+    for split in ("train", "valid_seen", "valid_unseen"):
+        trial = root / "json_2.1.1" / split / "pick_and_place_simple-Mug-None-Shelf-1" / "trial_1"
+        trial.mkdir(parents=True)
+        (trial / "game.tw-pddl").write_text("")
+    monkeypatch.setenv("ALFWORLD_DATA", str(root))
+    return root
+
+
 @pytest.fixture(scope="session")
 def alfworld_games(tmp_path_factory):
     """One generated ALFWorld game of each of the six task types (real TextWorld games, about 25 s)."""

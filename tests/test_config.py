@@ -63,12 +63,15 @@ def test_direct_construction_validates():
         SchedulerConfig(b_max=-2)
 
 
-def test_shipped_configs_load(tiny_model_dir):
+def test_shipped_configs_load(tiny_model_dir, alfworld_data):
     from pathlib import Path
 
     for path in sorted(Path(__file__).parents[1].glob("configs/rollout_speedup*.yaml")):
         cfg = load_config(RolloutSpeedupConfig, path, [f"engine.model={tiny_model_dir}"])
         assert cfg.num_tasks >= 1
+        assert (cfg.contexts == "alfworld") == (cfg.alfworld is not None)  # the games are said where they are read
+    with pytest.raises(ConfigError, match=r"alfworld=None: contexts: alfworld needs an alfworld: section"):
+        load_config(RolloutSpeedupConfig, None, [f"engine.model={tiny_model_dir}", "contexts=alfworld"])
 
 
 def test_a_run_resumes_only_under_its_own_config():
@@ -110,14 +113,14 @@ def test_the_env_section_is_the_named_benchmarks_config():
             ("env=3", "env=3: must be a mapping for ScienceWorldConfig"),
             ("benchmark=alfword", "benchmark='alfword': must be one of ['alfworld', 'scienceworld', "),
             ("benchmark=alfworld", ("env.train_task_types=['lifespan-longest-lived']: unknown key (known: "
-                                    "games_per_type, generated_dir, max_turns, seed)")),
+                                    "data_dir, games, games_per_type, generated_dir, max_turns, seed)")),
         ]:
             with pytest.raises(ConfigError) as err:
                 load_config(TrainConfig, demo, [override])
             assert str(err.value).startswith(message), (override, str(err.value))
         with pytest.raises(ConfigError, match=r"env=ALFWorldConfig\(.*\): must be a ScienceWorldConfig \(the config "
                                               r"of benchmark='scienceworld'\)"):
-            dataclasses.replace(cfg, env=ALFWorldConfig())
+            dataclasses.replace(cfg, env=ALFWorldConfig(games="generated"))
 
 
 @pytest.mark.parametrize("section", ["scienceworld", "alfworld", "webshop", "search"])

@@ -16,6 +16,8 @@ from actfirst.rollout.strategies import STRATEGIES
 from actfirst.schema import load_config
 from actfirst.teacher_sft import TeacherSFTConfig
 
+pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
+
 CONFIGS = Path(__file__).parents[1] / "configs"
 TRAIN = sorted(p for p in (CONFIGS / "train").rglob("qwen3-*.yaml"))
 """The nine ActFirst settings (the other methods' configs build on them: test_method_configs)."""

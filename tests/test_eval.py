@@ -42,7 +42,7 @@ ALFWORLD_ROWS = ["overall", "Pick", "Look", "Clean", "Heat", "Cool", "Pick2"]
 
 def run_eval(engine, tiny_model_dir, tasks, seeds, max_in_flight, rollout=ROLLOUT):
     engine.reconfigure(SchedulerConfig(b_max=8))
-    benchmark = get_benchmark("alfworld", ALFWorldConfig(max_turns=MAX_TURNS))
+    benchmark = get_benchmark("alfworld", ALFWorldConfig(games="generated", max_turns=MAX_TURNS))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     return asyncio.run(evaluate(engine, tokenizer, benchmark, tasks, seeds=seeds, rollout=rollout,
                                 max_in_flight=max_in_flight, progress=False))
@@ -115,7 +115,7 @@ def test_the_evaluation_budget_is_used(report, engine, tiny_model_dir, alfworld_
     assert limit >= ROLLOUT.max_prompt_tokens + BUDGET.eval_total
     too_long = dataclasses.replace(ROLLOUT, max_prompt_tokens=limit - BUDGET.eval_total + 1)
     with pytest.raises(ValueError, match=f"eval_total=32 = {limit + 1} exceeds the engine's max_model_len={limit}"):
-        asyncio.run(evaluate(engine, tokenizer, get_benchmark("alfworld", ALFWorldConfig()), alfworld_games,
+        asyncio.run(evaluate(engine, tokenizer, get_benchmark("alfworld", ALFWorldConfig(games="generated")), alfworld_games,
                              rollout=too_long, progress=False))
 
 
@@ -234,7 +234,7 @@ def test_split_summaries_by_hand():
 
 
 def test_pick_tasks_spreads_over_types_and_splits(alfworld_games):
-    benchmark = get_benchmark("alfworld", ALFWorldConfig())
+    benchmark = get_benchmark("alfworld", ALFWorldConfig(games="generated"))
     # Each type twice as "seen" then twice as "unseen", seen games listed first (as ALFWorld's eval split does).
     tasks = [dataclasses.replace(g, game_file=f"{split}{k}/{g.game_file}") for split in ("seen", "unseen")
              for k in (0, 1) for g in alfworld_games]
@@ -260,7 +260,7 @@ def test_cli_on_the_tiny_model(tmp_path, tiny_model_dir, alfworld_games):
     out = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "actfirst.eval", "--checkpoint", str(tiny_model_dir), "--benchmark", "alfworld",
            "--tasks", "2", "--seeds", "42", "--out", str(out), "--max-in-flight", "2",
-           f"generated_dir={generated}", "games_per_type=1", "max_turns=2", "rollout.max_prompt_tokens=900",
+           "games=generated", f"generated_dir={generated}", "games_per_type=1", "max_turns=2", "rollout.max_prompt_tokens=900",
            "rollout.budget.eval_first_stage=16", "rollout.budget.eval_total=24", "engine.max_model_len=1024",
            "engine.kv_cache_gib=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -10,6 +10,8 @@ from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
 from actfirst.models.tokenizers import build_qwen3_tokenizer
 from actfirst.prompts import Mode, PromptTooLong, Step, build_prompt, render
 
+pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
+
 # The B.1 section of the paper, kept with the tests (a clean clone has no ../shared); checked against the paper
 # itself where the paper is present.
 EXCERPT = Path(__file__).parent / "data" / "paper_b1_templates.txt"

@@ -96,7 +96,7 @@ def test_the_window_starts_at_the_end_of_the_pairs_most_recent_valid_execution()
 
 
 def test_c5_validity_is_an_exact_match_after_stripping():
-    benchmark = get_benchmark("alfworld", ALFWorldConfig())
+    benchmark = get_benchmark("alfworld", ALFWorldConfig(games="generated"))
     current = Transition(observation=O1, admissible=("go to cabinet 1", "look"), score=0.0, done=False, won=False)
     assert benchmark.executed_valid("look", current)
     assert benchmark.executed_valid("  go to cabinet 1\n", current)
@@ -144,7 +144,7 @@ def test_report_json_and_table():
     assert lines[4].startswith("| ActFirst-OPD | 2 |")
 
 
-def test_cli_refuses_a_benchmark_without_state_and_a_config_without_references(tiny_model_dir, capsys):
+def test_cli_refuses_a_benchmark_without_state_and_a_config_without_references(tiny_model_dir, capsys, alfworld_data):
     from actfirst.rollout_quality import main
 
     webshop = ["--checkpoint", str(tiny_model_dir), "--config", "configs/train/webshop/qwen3-1.7b.yaml"]

@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from actfirst.config import ConfigError
+from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.alfworld.env import alfworld_tasks, walkthrough
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.checks import normalize_text
@@ -113,8 +114,8 @@ def test_alfworld_refuses_partial_then_resumes_with_candidates(alf_games, tmp_pa
     plan = game["walkthrough"]
     game_file.write_text(json.dumps({**game, "walkthrough": []}))
     out = tmp_path / "alfworld.jsonl"
-    args = ["build", "--benchmark", "alfworld", "--set", f"generated_dir={alf_games}", "games_per_type=1",
-            "--out", str(out), "--workers", "2"]
+    args = ["build", "--benchmark", "alfworld", "--set", "games=generated", f"generated_dir={alf_games}",
+            "games_per_type=1", "--out", str(out), "--workers", "2"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "look-0000" in err and "not written" in err
@@ -130,7 +131,7 @@ def test_alfworld_refuses_partial_then_resumes_with_candidates(alf_games, tmp_pa
     assert len(refs) == 6 and refs["look-0000"].actions == ["look", *plan]
     assert refs["look-0000"].source == "candidates:rollouts.jsonl"
     assert all(r.source == "walkthrough" for k, r in refs.items() if k != "look-0000")
-    benchmark = get_benchmark("alfworld")
+    benchmark = get_benchmark("alfworld", ALFWorldConfig(games="generated"))
     env = benchmark.make_env()
     try:  # the cached transitions are what a replay gives, admissible sets included
         ref = refs["pick-0000"]
@@ -150,8 +151,8 @@ def test_partial_cache_published_only_on_request(alf_games, tmp_path):
     game_file = alf_games / "train" / "pick-0000" / "game.tw-pddl"
     game_file.write_text(json.dumps({**json.loads(game_file.read_text()), "walkthrough": ["look"]}))
     out = tmp_path / "partial.jsonl"
-    assert main(["build", "--benchmark", "alfworld", "--set", f"generated_dir={alf_games}", "games_per_type=1",
-                 "--out", str(out), "--allow-partial"]) == 0
+    assert main(["build", "--benchmark", "alfworld", "--set", "games=generated", f"generated_dir={alf_games}",
+                 "games_per_type=1", "--out", str(out), "--allow-partial"]) == 0
     with pytest.raises(PartialCacheError, match=r"coverage 83.3% \(5/6\), missing \['pick-0000'\]"):
         load_references(out)
     assert len(load_references(out, allow_partial=True)) == 5

@@ -5,6 +5,7 @@ before any engine, JVM or model load."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -571,3 +572,24 @@ def test_the_command_line_exits_2_with_one_line_for_a_corrupt_model_or_an_empty_
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.strip().splitlines() == [f"python -m actfirst.run: error: {want}"], proc.stderr
     assert not out.exists()
+
+
+# -- benchmark data that is missing (issue 35) -----------------------------------------------------------------------
+
+
+def test_alfworld_without_its_games_exits_2_before_anything_starts(tmp_path):
+    """The paper's ALFWorld config on a machine without ALFWorld's games (no $ALFWORLD_DATA, an empty home): one line
+    naming where it looked and the command that fetches them; nothing generated, nothing written."""
+    out, home = tmp_path / "run", tmp_path / "home"
+    env = {k: v for k, v in os.environ.items() if k != "ALFWORLD_DATA"} | {"HOME": str(home), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "actfirst.run", "--config", "configs/train/alfworld/qwen3-1.7b.yaml",
+                           f"out_dir={out}", f"env.generated_dir={tmp_path / 'games'}"], check=False,
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    folder = home / ".cache" / "alfworld" / "json_2.1.1" / "train"
+    assert proc.stderr.strip().splitlines() == [
+        f"python -m actfirst.run: error: env.games='real': no ALFWorld games at {folder} (no such folder; the data "
+        f"folder from ALFWorld's default ~/.cache/alfworld (no data_dir nor $ALFWORLD_DATA)); fetch them with: "
+        f"python -m actfirst.data alfworld (or set data_dir to where they are, or games: generated for games "
+        f"generated offline, not the paper's)"], proc.stderr
+    assert proc.stdout == "" and not out.exists() and not (tmp_path / "games").exists()

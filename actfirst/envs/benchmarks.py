@@ -26,6 +26,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from actfirst.downloads import BenchmarkData
 from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
 from actfirst.envs.checks import CheckResult
 from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
@@ -96,6 +97,9 @@ class Benchmark(abc.ABC):
     state_source: ClassVar[str | None] = None
     """What the environment's state (``TextEnv.state``) holds for C.5's state-action pairs; None: no state, so no
     rollout-quality measurement."""
+    data: ClassVar[BenchmarkData | None] = None
+    """What ``python -m actfirst.data <name>`` fetches and where it puts it (``actfirst/envs/<name>/data.py``); None:
+    the benchmark declares no data."""
 
     def __init__(self, config: Any):
         if not isinstance(config, self.config_class):

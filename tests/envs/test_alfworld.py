@@ -7,7 +7,7 @@ import pytest
 
 from actfirst.envs.alfworld.checks import alfworld_check
 from actfirst.envs.alfworld.env import ALFWorldTask, ALFWorldTextEnv, alfworld_tasks, walkthrough
-from actfirst.envs.alfworld.games import TASK_TYPES, alfworld_split, generate_game, unseen_floor_plan
+from actfirst.envs.alfworld.games import TASK_TYPES, generate_game, generated_split, unseen_floor_plan
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +68,7 @@ def test_invalid_actions_and_the_turn_limit(alfworld_games):
         env.close()
 
 
-def test_alfworld_data_splits(tmp_path, monkeypatch, alfworld_games):
-    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "nothing"))
-    with pytest.raises(ValueError, match="generated_dir=None: no downloaded games at ALFWORLD_DATA=.*nothing"):
-        alfworld_split("train")
+def test_alfworld_data_splits(tmp_path, alfworld_games):
     # A download-shaped tree: json_2.1.1/<split>/<task>/<trial>/{game.tw-pddl,traj_data.json}; movable and
     # sliced tasks are skipped as ALFWorld skips them, unsolvable games too.
     data = tmp_path / "data"
@@ -83,11 +80,10 @@ def test_alfworld_data_splits(tmp_path, monkeypatch, alfworld_games):
     shutil.copytree(alfworld_games[3].game_file.rsplit("/", 1)[0], unsolvable)
     game = json.loads((unsolvable / "game.tw-pddl").read_text())
     (unsolvable / "game.tw-pddl").write_text(json.dumps({**game, "solvable": False}))
-    monkeypatch.setenv("ALFWORLD_DATA", str(data))
-    tasks = alfworld_split("valid_seen")
+    tasks = alfworld_tasks(data / "json_2.1.1" / "valid_seen")
     assert [t.game_file.split("/")[-3] for t in tasks] == ["pick_and_place_simple-Mug-None-Shelf-1"]
     with pytest.raises(ValueError, match="split='test'"):
-        alfworld_split("test")
+        generated_split("test", tmp_path / "games")
 
 
 def test_alfworld_check_on_real_transitions(alfworld_games):

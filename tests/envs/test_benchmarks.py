@@ -23,6 +23,8 @@ from actfirst.reference_cache import build_references
 from actfirst.schema import load_config
 from actfirst.user_input import ConfigError
 
+pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
+
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
 
 
@@ -32,9 +34,9 @@ def test_unknown_names_and_wrong_configs_are_rejected():
         get_benchmark("webshp")
     assert str(unknown.value) == f"benchmark='webshp': not one of {sorted(BENCHMARKS)}"
     with pytest.raises(ValueError, match=r"benchmark 'webshop' needs a WebShopConfig, got a ALFWorldConfig"):
-        get_benchmark("webshop", ALFWorldConfig())
+        get_benchmark("webshop", ALFWorldConfig(games="generated"))
     with pytest.raises(ValueError, match="benchmark='ALFWorld'"):
-        EnvSpec("ALFWorld", ALFWorldConfig())
+        EnvSpec("ALFWorld", ALFWorldConfig(games="generated"))
     with pytest.raises(ValueError, match="needs a ALFWorldConfig, got a WebShopConfig"):
         EnvSpec("alfworld", WebShopConfig())
     with pytest.raises(ValueError, match="split='test': not one of \\['train', 'eval'\\]"):
@@ -70,7 +72,7 @@ def test_the_evaluation_split_of_a_task():
     generated (<generated_dir>/<split>/<task>-<i>/); the other benchmarks report their evaluation tasks together."""
     from actfirst.envs.alfworld.env import ALFWorldTask
 
-    alfworld = get_benchmark("alfworld", ALFWorldConfig())
+    alfworld = get_benchmark("alfworld", ALFWorldConfig(games="generated"))
     for game, split in [("/d/json_2.1.1/valid_seen/look_at_obj_in_light-Box-None-DeskLamp-1/trial_T1/game.tw-pddl",
                          "valid_seen"), ("/g/valid_unseen/pick_two_obj_and_place-0003/game.tw-pddl", "valid_unseen"),
                         ("/g/train/pick_two_obj_and_place-0003/game.tw-pddl", None)]:
@@ -88,7 +90,7 @@ def test_alfworld_splits_pool_seen_and_unseen_and_name_task_types(alfworld_games
             name = task.game_file.split("/")[-2]
             shutil.copytree(task.game_file.rsplit("/", 1)[0], data / split / name / f"trial_{split}_{name}")
     monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "data"))
-    alfworld = get_benchmark("alfworld", ALFWorldConfig(generated_dir=str(tmp_path / "unused")))
+    alfworld = get_benchmark("alfworld", ALFWorldConfig(games="real", generated_dir=str(tmp_path / "unused")))
     train, evaluation = alfworld.tasks("train"), alfworld.tasks("eval")
     assert len(train) == 6 and len(evaluation) == 3  # C.1: valid_seen and valid_unseen pooled
     assert {t.game_file.split("/")[-4] for t in evaluation} == {"valid_seen", "valid_unseen"}
@@ -230,7 +232,7 @@ def test_webshop_config_reaches_the_environment():
 
 
 def test_alfworld_config_reaches_the_environment(alfworld_games):
-    env = get_benchmark("alfworld", ALFWorldConfig(max_turns=1)).make_env()
+    env = get_benchmark("alfworld", ALFWorldConfig(games="generated", max_turns=1)).make_env()
     try:
         env.reset(alfworld_games[0])
         assert env.max_turns == 1 and env.step("look").truncated
@@ -239,7 +241,7 @@ def test_alfworld_config_reaches_the_environment(alfworld_games):
 
 
 def test_references_are_built_only_by_the_configured_environment(tmp_path):
-    other = EnvPool(get_benchmark("alfworld", ALFWorldConfig(max_turns=5)).env_spec(), 1)  # never started
+    other = EnvPool(get_benchmark("alfworld", ALFWorldConfig(games="generated", max_turns=5)).env_spec(), 1)  # never started
     with pytest.raises(ValueError, match="pool: its workers run .*max_turns=5.*not the benchmark's configured"):
         asyncio.run(build_references(get_benchmark("alfworld"), [], other, out=tmp_path / "refs.jsonl"))
 

@@ -40,7 +40,7 @@ def reference(benchmark, task, first: Transition) -> Reference:
 def setup(alfworld_games):
     from actfirst.envs.alfworld.env import ALFWorldTextEnv
 
-    benchmark = get_benchmark("alfworld", ALFWorldConfig(max_turns=MAX_TURNS))
+    benchmark = get_benchmark("alfworld", ALFWorldConfig(games="generated", max_turns=MAX_TURNS))
     tasks = alfworld_games[:3]
     env = ALFWorldTextEnv(max_turns=MAX_TURNS)
     try:

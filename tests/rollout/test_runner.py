@@ -45,7 +45,7 @@ def build_references(benchmark, tasks, actions_of):
 def alfworld(alfworld_games):
     from actfirst.envs.alfworld.env import walkthrough
 
-    benchmark = get_benchmark("alfworld", ALFWorldConfig(max_turns=5))
+    benchmark = get_benchmark("alfworld", ALFWorldConfig(games="generated", max_turns=5))
     tasks = alfworld_games[:3]
     return benchmark, tasks, build_references(benchmark, tasks, walkthrough)
 

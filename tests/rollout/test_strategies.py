@@ -21,6 +21,8 @@ from actfirst.rollout.strategies import (
 )
 from actfirst.schema import check, load_config
 
+pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
+
 CONFIGS = Path(__file__).parents[2] / "configs" / "train"
 
 

@@ -36,7 +36,7 @@ def tiny_run_config(alfworld_games, tiny_model_dir, tmp_path_factory) -> dict:
 
     root = tmp_path_factory.mktemp("tiny_run")
     games = alfworld_games[0].game_file.rsplit("/train/", 1)[0]
-    env = {"generated_dir": games, "games_per_type": 1, "max_turns": 3}
+    env = {"games": "generated", "generated_dir": games, "games_per_type": 1, "max_turns": 3}
     benchmark = get_benchmark("alfworld", ALFWorldConfig(**env))
     with EnvPool(benchmark.env_spec(), size=2) as pool:
         asyncio.run(build_references(benchmark, benchmark.tasks("train"), pool, out=root / "refs.jsonl"))

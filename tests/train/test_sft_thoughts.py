@@ -19,6 +19,8 @@ from actfirst.train.sft import (
     surveyed_thought,
 )
 
+pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
+
 TASK = "Your task is to find the animal with the longest life span. The animals are in the 'outside' location."
 SCIENCEWORLD = Transition(observation="You move to the greenhouse.", admissible=("go to outside",), score=0,
                           done=False, won=False, task_description=TASK, templates=("go OBJ", "focus on OBJ"),

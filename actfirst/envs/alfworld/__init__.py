@@ -7,6 +7,7 @@ from pathlib import Path
 
 from actfirst.envs.alfworld.checks import alfworld_action_valid, alfworld_check
 from actfirst.envs.alfworld.config import ALFWorldConfig
+from actfirst.envs.alfworld.data import ALFWorldData, check_real_games, split_dir
 from actfirst.envs.alfworld.prompts import TEMPLATES
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.benchmarks import Benchmark, register_benchmark
@@ -14,13 +15,14 @@ from actfirst.envs.benchmarks import Benchmark, register_benchmark
 
 @register_benchmark
 class ALFWorldBenchmark(Benchmark):
-    """ALFWorld (C.1): $ALFWORLD_DATA's json_2.1.1 games when downloaded, else games generated offline."""
+    """ALFWorld (C.1): its json_2.1.1 games (``games: real``) or games generated offline (``games: generated``)."""
 
     name = "alfworld"
     config_class = ALFWorldConfig
     templates = TEMPLATES
     fast_actions = True
     state_source = "positive facts and the task-success flag"
+    data = ALFWorldData()
     TASK_TYPES = {"pick_and_place_simple": "Pick", "look_at_obj_in_light": "Look",
                   "pick_clean_then_place_in_recep": "Clean", "pick_heat_then_place_in_recep": "Heat",
                   "pick_cool_then_place_in_recep": "Cool", "pick_two_obj_and_place": "Pick2"}
@@ -59,11 +61,17 @@ class ALFWorldBenchmark(Benchmark):
         return next((part for part in reversed(Path(task.game_file).parts) if part in self.EVAL_SPLITS), None)
 
     def _tasks(self, split: str) -> list:
-        """train: ALFWorld's train split; eval: valid_seen and valid_unseen, in that order (C.1)."""
-        from actfirst.envs.alfworld.games import alfworld_split
-
+        """train: ALFWorld's train split; eval: valid_seen and valid_unseen, in that order (C.1). From the official
+        games or generated ones, as ``games`` says (never one for the other)."""
         names = ["train"] if split == "train" else list(self.EVAL_SPLITS)
-        return [task for name in names for task in alfworld_split(
+        if self.config.games == "real":
+            from actfirst.envs.alfworld.env import alfworld_tasks
+
+            check_real_games(self.config.data_dir)
+            return [task for name in names for task in alfworld_tasks(split_dir(self.config.data_dir, name))]
+        from actfirst.envs.alfworld.games import generated_split
+
+        return [task for name in names for task in generated_split(
             name, self.config.generated_dir, per_type=self.config.games_per_type, seed=self.config.seed)]
 
     async def candidates(self, worker, task) -> list[tuple[str, list[str]]]:

@@ -1,4 +1,4 @@
-"""Offline ALFRED-style ALFWorld games (for users without the json_2.1.1 download).
+"""Offline ALFRED-style ALFWorld games (``games: generated``: tests and demos, not the paper's json_2.1.1 games).
 
 A game is what ALFWorld itself plays: a ``game.tw-pddl`` JSON holding the ALFRED PDDL domain, the text grammar with
 the task description filled in, and a PDDL problem; next to it a ``traj_data.json`` with ``task_type`` and
@@ -293,23 +293,12 @@ def generate_split(out_dir: str | Path, per_type: int, seed: int = 0, unseen: bo
     return files
 
 
-def alfworld_split(split: str, generated_dir: str | Path | None = None, per_type: int = 10,
-                   seed: int = 0) -> list[ALFWorldTask]:
-    """The tasks of ``split``: ``$ALFWORLD_DATA/json_2.1.1/<split>`` when that folder exists, else generated games.
-
-    (alfworld sets ``$ALFWORLD_DATA`` to ``~/.cache/alfworld`` on import, so the variable alone does not mean the
-    games were downloaded: the folder decides.) Without the download, ``generated_dir`` receives ``per_type``
-    generated games of each task type per split (distinct seeds per split; valid_unseen in rooms the other splits
-    never use).
-    """
+def generated_split(split: str, generated_dir: str | Path, per_type: int = 10,
+                    seed: int = 0) -> list[ALFWorldTask]:
+    """The generated games of ``split`` under ``generated_dir/<split>``: ``per_type`` of each task type, generated
+    where missing (distinct seeds per split; valid_unseen in rooms the other splits never use)."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r}: not one of {SPLITS}")
-    data = os.environ.get("ALFWORLD_DATA", "")
-    if data and (Path(data) / "json_2.1.1" / split).is_dir():
-        return alfworld_tasks(Path(data) / "json_2.1.1" / split)
-    if generated_dir is None:
-        raise ValueError(f"generated_dir=None: no downloaded games at ALFWORLD_DATA={data!r} (json_2.1.1/{split}), "
-                         f"so games must be generated somewhere")
     generate_split(Path(generated_dir) / split, per_type, seed=seed * len(SPLITS) + SPLITS.index(split),
                    unseen=split == "valid_unseen")
     return alfworld_tasks(Path(generated_dir) / split)

@@ -9,6 +9,7 @@ from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.benchmarks import Benchmark, register_benchmark
 from actfirst.envs.scienceworld.checks import scienceworld_action_valid, scienceworld_check
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
+from actfirst.envs.scienceworld.data import ScienceWorldData
 from actfirst.envs.scienceworld.prompts import TEMPLATES
 
 
@@ -18,6 +19,7 @@ class ScienceWorldBenchmark(Benchmark):
 
     name = "scienceworld"
     config_class = ScienceWorldConfig
+    data = ScienceWorldData()
     templates = TEMPLATES
     fast_actions = True
     partial_score = True

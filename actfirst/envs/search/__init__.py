@@ -6,6 +6,7 @@ from __future__ import annotations
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.benchmarks import Benchmark, register_benchmark
 from actfirst.envs.search.config import SearchConfig
+from actfirst.envs.search.data import SearchData
 from actfirst.envs.search.text import SEARCH_RESPONSES
 
 
@@ -18,6 +19,7 @@ class SearchBenchmark(Benchmark):
 
     name = "search"
     config_class = SearchConfig
+    data = SearchData()
     response_format = SEARCH_RESPONSES
     prompt_is_observation = True
     forced_answer_turn = True

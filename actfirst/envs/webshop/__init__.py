@@ -12,6 +12,7 @@ from actfirst.envs.webshop.checks import (
     webshop_reference_product,
 )
 from actfirst.envs.webshop.config import WebShopConfig
+from actfirst.envs.webshop.data import WebShopData
 from actfirst.envs.webshop.prompts import TEMPLATES
 
 
@@ -21,6 +22,7 @@ class WebShopBenchmark(Benchmark):
 
     name = "webshop"
     config_class = WebShopConfig
+    data = WebShopData()
     templates = TEMPLATES
     fast_actions = True
     partial_score = True
