@@ -206,7 +206,7 @@ def test_the_plan_covers_every_sample_once_per_epoch_and_the_ranks_split_each_st
         assert sorted(i for s in shares for i in s) == sorted(step)
 
 
-def test_a_training_config_gives_the_benchmark_env_and_references(tmp_path):
+def test_a_training_config_gives_the_benchmark_env_and_references(tmp_path, alfworld_data):
     train = str(Path(CONFIG).parents[1] / "train" / "alfworld" / "qwen3-1.7b.yaml")
     teacher = str(Path(CONFIG).with_name("alfworld-qwen3-8b-sft.yaml"))
     refs = tmp_path / "refs.jsonl"
