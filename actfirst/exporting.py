@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from actfirst.eval_report import load_report
+from actfirst.files import fsync_path
 from actfirst.rollout.strategies import STRATEGIES
 from actfirst.train.checkpoint import load_checkpoint
 from actfirst.train.plots import read_records
@@ -66,12 +67,12 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
         mode = 0o666 & ~_umask()  # as a plain file the user writes (the safetensors writer makes 0600 files)
         for path in tmp.iterdir():
             path.chmod(mode)
-            _fsync(path)
-        _fsync(tmp)
+            fsync_path(path)
+        fsync_path(tmp)
         if out.exists():
             out.rmdir()  # empty (checked above)
         tmp.rename(out)
-        _fsync(out.parent)
+        fsync_path(out.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
@@ -211,10 +212,3 @@ def _umask() -> int:
     os.umask(mask)
     return mask
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -13,3 +13,13 @@ def write_atomically(path: str | os.PathLike, text: str) -> Path:
     tmp.write_text(text)
     os.replace(tmp, path)
     return path
+
+
+def fsync_path(path: str | os.PathLike) -> None:
+    """Flush a file or a directory (its entries: a rename into it) to disk."""
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

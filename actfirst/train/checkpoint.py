@@ -28,14 +28,15 @@ import random
 import re
 import shutil
 import warnings
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from actfirst.files import fsync_path
 from actfirst.parallel.context import all_gather_objects, broadcast_object
 
 _TMP = ".tmp-"
@@ -121,20 +122,20 @@ def _commit(root: Path, tmp: Path, name: str, update: int, contents: dict[str, A
     """fsync what the ranks wrote, write ``checkpoint.json``, move the directory into place, replace ``latest``."""
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     for path in files:
-        _fsync(path)
+        fsync_path(path)
     for path in sorted((p for p in tmp.rglob("*") if p.is_dir()), reverse=True):
-        _fsync(path)
+        fsync_path(path)
     _write_synced(tmp / "checkpoint.json", json.dumps({
         "update": update, "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "files": {str(p.relative_to(tmp)): p.stat().st_size for p in files}, **contents}, indent=1))
-    _fsync(tmp)
+    fsync_path(tmp)
     pointer, final = root / f"{_TMP}latest-{os.getpid()}", root / name
     _write_synced(pointer, name + "\n")
     if final.exists():  # written by a run killed before it moved `latest`; not what `latest` names
         final.rename(root / f"{_TMP}old-{name}-{os.getpid()}")
     tmp.rename(final)
     os.replace(pointer, root / "latest")  # the commit
-    _fsync(root)
+    fsync_path(root)
 
 
 def save_checkpoint(out_dir: str | Path, *, update: int, model: Any, tokenizer: Any, trainer_state: dict[str, Any],
@@ -222,7 +223,7 @@ def truncate_metrics(path: str | Path, last_update: int) -> int:
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-        _fsync(path.parent)
+        fsync_path(path.parent)
     return dropped
 
 
@@ -303,7 +304,7 @@ def record_best(out_dir: str | Path, *, update: int, sr: float, keep: int) -> bo
     tmp = root / f"{_TMP}best-{os.getpid()}"
     _write_synced(tmp, json.dumps({"checkpoint": name, "update": update, "SR": sr}) + "\n")
     os.replace(tmp, root / BEST)
-    _fsync(root)
+    fsync_path(root)
     latest = _read_pointer(root)
     if latest is not None:
         _prune(root, int(_NAME.fullmatch(latest)[1]), keep, spare=name)
@@ -343,10 +344,3 @@ def _write_synced(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
