@@ -286,9 +286,14 @@ def test_the_trainer_records_splits(tmp_path):
     comparison reads."""
     from actfirst.train.trainer import Trainer
 
+    from actfirst.train.metrics import MetricsSink
+
     stand_in_trainer = types.SimpleNamespace(
         engine=types.SimpleNamespace(weight_version=3), ctx=types.SimpleNamespace(world_size=1), out_dir=tmp_path,
-        cfg=types.SimpleNamespace(evaluation=types.SimpleNamespace(split="eval")), eval_kept=0.0, teacher_sr=None)
+        cfg=types.SimpleNamespace(evaluation=types.SimpleNamespace(split="eval"), keep_best=False,
+                                  keep_checkpoints=1),
+        eval_kept=0.0, teacher_sr=None, sink=MetricsSink(tmp_path))
+    stand_in_trainer._draw_curve = lambda update: Trainer._draw_curve(stand_in_trainer, update)
     report = eval_report({"valid_seen": [6, 7], "valid_unseen": [2, 3]})
     Trainer._record_evaluation(stand_in_trainer, 5, report, 9.0, 42.0)
     (record,) = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]

@@ -66,11 +66,13 @@ def test_refuses_an_extra_added_token(tiny_model_dir, tmp_path):
         TeacherScorer.load(teacher, student_tokenizer=tiny_model_dir)
 
 
-def test_refuses_another_chat_template(tiny_model_dir, tmp_path):
+def test_refuses_a_chat_template_that_renders_other_ids(tiny_model_dir, tmp_path):
+    """The check compares the ids a template renders, not its text: a re-saved template with the same rendering
+    passes (tests/models/test_tokenizer_match.py), one that renders other ids is refused."""
     teacher = tmp_path / "teacher"
     shutil.copytree(tiny_model_dir, teacher)
     tok = AutoTokenizer.from_pretrained(teacher)
-    tok.chat_template = tok.chat_template + "{# changed #}"
+    tok.chat_template = "Teacher. " + tok.chat_template
     tok.save_pretrained(teacher)
     with pytest.raises(ValueError, match="chat template") as err:
         TeacherScorer.load(teacher, student_tokenizer=AutoTokenizer.from_pretrained(tiny_model_dir))
