@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from actfirst.models.hub import resolve_model
-from actfirst.user_input import ConfigError, check_writable_dir, command
+from actfirst.user_input import add_nproc_argument, check_writable_dir, command, ranks_per_node
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,9 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", default=None, help="a teacher SFT config (configs/teacher/*.yaml)")
     parser.add_argument("--train-config", default=None, metavar="YAML",
                         help="a training config whose benchmark, env (and references) the teacher takes")
-    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
-                        help="ranks to start on this machine (default: one per GPU; one on a CPU); ignored under "
-                             "torchrun")
+    add_nproc_argument(parser, "ranks to start on this machine; ignored under torchrun")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (epochs=3)")
     return parser
 
@@ -62,11 +60,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)  # as actfirst.run's ranks: no interpreter teardown of threads a library never joined
-    from actfirst.parallel.launch import default_nproc, launch_ranks
+    from actfirst.parallel.launch import launch_ranks
 
-    nproc = default_nproc() if args.nproc_per_node is None else args.nproc_per_node
-    if nproc < 1:
-        raise ConfigError(f"--nproc-per-node={nproc}: must be >= 1")
+    nproc = ranks_per_node(args.nproc_per_node)
     print(f"[make_teacher] base model {cfg.base_model} -> {cfg.out}; {nproc} rank(s)", flush=True)
     if nproc == 1:
         return train_rank(cfg)

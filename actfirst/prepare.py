@@ -16,20 +16,17 @@ import os
 import sys
 
 from actfirst.preparation import STAGES, RankFailed, ensure_prepared, load_run_config, resolve_models, run_stage
-from actfirst.user_input import ConfigError, command
+from actfirst.user_input import ConfigError, add_nproc_argument, command, ranks_per_node
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
     """Prepare what the config needs; returns the exit status."""
     from actfirst.parallel.context import launched_as_rank
-    from actfirst.parallel.launch import default_nproc
 
     parser = argparse.ArgumentParser(prog="python -m actfirst.prepare", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo's)")
-    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
-                        help="ranks that share the teacher's rollouts and the replay (default: one per GPU; one on "
-                             "a CPU)")
+    add_nproc_argument(parser, "ranks that share the teacher's rollouts and the replay")
     parser.add_argument("--stage", choices=STAGES, default=None,
                         help="run one rank's share of this stage only (how preparation starts its ranks)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
@@ -47,9 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if launched_as_rank():
         raise ConfigError("python -m actfirst.prepare starts its own ranks (--nproc-per-node); run it without "
                           "torchrun")
-    nproc = default_nproc() if args.nproc_per_node is None else args.nproc_per_node
-    if nproc < 1:
-        raise ConfigError(f"--nproc-per-node={nproc}: must be >= 1")
+    nproc = ranks_per_node(args.nproc_per_node)
     cfg = resolve_models(cfg)  # Hub ids downloaded here, once; the stage ranks get the resolved paths
     try:
         timings = ensure_prepared(cfg, nproc)

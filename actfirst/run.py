@@ -28,7 +28,7 @@ from pathlib import Path
 
 from actfirst.config import DEMO_CONFIG, ConfigError
 from actfirst.train.clock import LAUNCH_ENV
-from actfirst.user_input import command
+from actfirst.user_input import add_nproc_argument, command, ranks_per_node
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,9 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m actfirst.run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo)")
     parser.add_argument("--resume", action="store_true", help="continue the run in out_dir from its latest checkpoint")
-    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
-                        help="ranks to start on this machine (default: one per GPU; one on a CPU); ignored under "
-                             "torchrun, which sets its own")
+    add_nproc_argument(parser, "ranks to start on this machine; ignored under torchrun, which sets its own")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (rollout.strategy=vanilla)")
     return parser
 
@@ -71,15 +69,13 @@ def main(argv: list[str] | None = None) -> int:
 def launch(args: argparse.Namespace) -> int:
     """The launching process: check the config, resolve its models (downloading Hub ids), prepare what is missing,
     start the ranks (with the models' local paths)."""
-    from actfirst.parallel.launch import default_nproc, launch_ranks
+    from actfirst.parallel.launch import launch_ranks
     from actfirst.preparation import RankFailed, load_run_config, model_overrides, resolve_models
     from actfirst.train.trainer import check_layout
     from actfirst.training_run import prepare, run_rank
 
     started = time.time()
-    nproc = default_nproc() if args.nproc_per_node is None else args.nproc_per_node
-    if nproc < 1:
-        raise ConfigError(f"--nproc-per-node={nproc}: must be >= 1")
+    nproc = ranks_per_node(args.nproc_per_node)
     cfg = load_run_config(args.config, args.overrides)
     check_layout(cfg, nproc)
     if not args.resume and (Path(cfg.out_dir) / "metrics.jsonl").exists():

@@ -227,3 +227,19 @@ def _unwritable(p: Path) -> str | None:
         where = "" if existing == p else f" (in {str(existing)!r})"
         return f"cannot be written{where}: {e.strerror or e}"
     return None
+
+
+def add_nproc_argument(parser: argparse.ArgumentParser, ranks: str) -> None:
+    """``--nproc-per-node N`` of a command that starts its own ranks; ``ranks``: what the ranks do, for the help."""
+    parser.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
+                        help=f"{ranks} (default: one per GPU; one on a CPU)")
+
+
+def ranks_per_node(nproc_per_node: int | None) -> int:
+    """The ranks to start: ``--nproc-per-node`` as given (>= 1), or one per visible GPU (one on a CPU)."""
+    from actfirst.parallel.launch import default_nproc
+
+    nproc = default_nproc() if nproc_per_node is None else nproc_per_node
+    if nproc < 1:
+        raise ConfigError(f"--nproc-per-node={nproc}: must be >= 1")
+    return nproc
