@@ -569,8 +569,8 @@ class Trainer:
         if self.ctx.world_size > 1:
             record["ranks"] = {"rollout_s": [p["rollout_s"] for p in per_rank],
                                "transitions": [p["transitions"] for p in per_rank]}
+        self.clock.beat()  # before the metrics line: whoever sees update N's line sees its time in clock.jsonl
         self.sink.log(update, record)
-        self.clock.beat()
         tqdm.write(summary_line(update, record))
         for failure in failures:
             tqdm.write(f"  episode failed: {failure}")
