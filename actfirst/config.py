@@ -253,7 +253,8 @@ class OptimConfig:
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class LossConfig:
-    """The dual-clipped PPO token loss (Appendix B.4, Eq. 29-32); the log-ratio clamp [-20, 20] is fixed."""
+    """The dual-clipped PPO token loss (Appendix B.4, Eq. 29-32) and its aggregation; the log-ratio clamp [-20, 20]
+    is fixed."""
 
     clip_eps: float = 0.2
     """delta."""
@@ -261,6 +262,12 @@ class LossConfig:
     """kappa."""
     eps: float = 1e-8
     """epsilon of the seq-mean-token-mean normalization (Eq. 32)."""
+    aggregation: Literal["seq_mean_token_mean", "token_mean"] = "seq_mean_token_mean"
+    """How token losses make the mini-batch's loss. ``seq_mean_token_mean``: 000's Eq. 32, the mean over responses
+    of each response's mean over its supervised tokens (an SFT target: beta times its token-mean NLL, one response
+    of |B|). ``token_mean``: 003's "token-mean aggregation" (Appendix D.3), the sum over every supervised token of
+    the mini-batch (all ranks) over their number; an SFT target's sampled tokens count in that number and each adds
+    beta times its NLL (``actfirst.train.student``)."""
 
     def __post_init__(self) -> None:
         check(0 < self.clip_eps < 1, "clip_eps", self.clip_eps, "must be in (0, 1)")

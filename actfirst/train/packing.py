@@ -46,8 +46,8 @@ class MicroBatch:
     sample_idx: torch.Tensor
     """[N] int64: each token's sample index in the list given to :func:`pack`."""
     sft_weight: torch.Tensor
-    """[N] float32: an SFT target's sampled tokens carry its ``sft_weight`` / its number of sampled tokens (and
-    ``mask`` 0: no PPO term); 0 elsewhere."""
+    """[N] float32: an SFT target's sampled tokens carry its ``sft_weight`` (and ``mask`` 0: no PPO term); 0
+    elsewhere (the loss's aggregation normalizes it: ``actfirst.train.student``)."""
     samples: list[int]
     """Indices (in the list given to :func:`pack`) of the samples in this row, in row order."""
 
@@ -119,7 +119,7 @@ def pack(samples: list[Sample], max_tokens: int) -> list[MicroBatch]:
             input_ids=input_ids, position_ids=torch.tensor(pos_ids, dtype=torch.long), positions=pos, targets=targets,
             mask=torch.tensor([0 if is_sft else m for i, is_sft in zip(row, sft) for m in samples[i].loss_mask],
                               dtype=torch.float32),
-            sft_weight=torch.tensor([m * samples[i].sft_weight / max(1, samples[i].num_supervised) if is_sft else 0.0
+            sft_weight=torch.tensor([m * samples[i].sft_weight if is_sft else 0.0
                                      for i, is_sft in zip(row, sft) for m in samples[i].loss_mask],
                                     dtype=torch.float32),
             logp_old=torch.tensor([x for i in row for x in samples[i].logprobs], dtype=torch.float32),

@@ -6,6 +6,7 @@ Per supervised token (m_{b,j} = 1) of full response b, with the stored sampling 
     rho = exp(clip(log pi_theta - log pi_old, -20, 20))        (Eq. 30)
     l_DC = dual-clipped PPO token loss, delta, kappa           (Eq. 31)
     L   = 1/|B| sum_b sum_j m l_DC / (sum_j m + eps)           (Eq. 32, seq-mean-token-mean)
+    L   = sum_b sum_j m l_DC / sum_b sum_j m                   (``loss.aggregation: token_mean``, 003 D.3)
 
 log pi_theta is taken at the sampling temperature, like log pi_old (the engine's processed log-probs), so that
 rho = 1 at theta = theta_old. Inserted tokens (m = 0) stay in the context but count in neither sum; no entropy,
@@ -14,6 +15,8 @@ KL or auxiliary term is added (B.4).
 UOPD (003, Sec. 4.2) adds one term: an SFT target b (``Sample.sft_weight`` = beta > 0, the teacher's response at an
 intervened turn) contributes beta / |B| * 1/n_b sum_j -log pi_theta(y_j | c_b) over its n_b sampled tokens, at
 temperature 1 (pi_theta itself), in place of a PPO term; |B| counts both kinds, so that Eq. 32 keeps its form.
+Under ``token_mean`` each of its n_b sampled tokens is one token of the mean: beta * -log pi_theta(y_j | c_b) over
+the mini-batch's supervised tokens of both kinds.
 
 A batch is split into mini-batches (one AdamW step each, Eq. 32 over the mini-batch) and those into packed
 micro-batches (gradient accumulation; samples are never split, so each micro-batch's share of Eq. 32 is exact).
@@ -73,12 +76,27 @@ class Mismatch:
         self.total, self.count, self.max = self.total + other.total, self.count + other.count, max(self.max, other.max)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchTotals:
+    """A mini-batch's size over all ranks: what ``loss.aggregation`` divides by."""
+
+    samples: int
+    """|B| of Eq. 32: responses (and SFT targets)."""
+    tokens: int
+    """Supervised tokens (sampled tokens of the responses and of the SFT targets): token_mean's denominator."""
+
+    @classmethod
+    def of(cls, samples: list[Sample]) -> BatchTotals:
+        """The totals of ``samples`` alone (one rank)."""
+        return cls(len(samples), sum(s.num_supervised for s in samples))
+
+
 @dataclasses.dataclass(slots=True)
 class GradStats:
     """What this rank's forward/backward passes over its share of a mini-batch measured (sums)."""
 
     loss: float = 0.0
-    """This rank's share of Eq. 32 over the mini-batch (the shares sum to the mini-batch's loss)."""
+    """This rank's share of the mini-batch's loss (Eq. 32 or token_mean; the shares sum to it)."""
     sft_loss: float = 0.0
     """The SFT targets' part of ``loss`` (UOPD)."""
     num_clipped: int = 0
@@ -118,15 +136,15 @@ class StudentUpdater:
         return [mb.to(self.device) for mb in pad_across_ranks(pack(samples, self.micro_batch_tokens))]
 
     def accumulate_gradients(self, samples: list[Sample], current_version: int,
-                             num_samples: int | None = None) -> GradStats:
-        """Forward and backward of this rank's share of Eq. 32 (|B| = ``num_samples``, the mini-batch over all
-        ranks; default: ``len(samples)``, one rank) in packed micro-batches; gradients add into the parameters'
+                             totals: BatchTotals | None = None) -> GradStats:
+        """Forward and backward of this rank's share of the mini-batch's loss (``totals``: the mini-batch over all
+        ranks; default: ``samples`` alone, one rank) in packed micro-batches; gradients add into the parameters'
         ``.grad`` (summed over ranks)."""
-        num_samples = len(samples) if num_samples is None else num_samples
+        totals = BatchTotals.of(samples) if totals is None else totals
         stats = GradStats()
         for mb in self._micro_batches(samples):
             loss, logp, clip_frac, dual_frac, sft = self.policy(mb, lambda hidden, weight, mb=mb: self._loss(
-                hidden, weight, mb, num_samples))
+                hidden, weight, mb, totals))
             loss.backward()
             n_sup = int((mb.mask > 0).sum())
             stats.loss += float(loss.detach())
@@ -137,18 +155,31 @@ class StudentUpdater:
             stats.mismatch.add(self._mismatch(samples, mb, logp, current_version))
         return stats
 
-    def _loss(self, hidden: torch.Tensor, weight: torch.Tensor, mb: MicroBatch, num_samples: int) -> tuple:
-        """(loss, logp, clip fraction, dual-clip fraction, SFT term) of a micro-batch: Eq. 32's share plus the SFT
-        targets' share (see the module docstring)."""
+    def _loss(self, hidden: torch.Tensor, weight: torch.Tensor, mb: MicroBatch, totals: BatchTotals) -> tuple:
+        """(loss, logp, clip fraction, dual-clip fraction, SFT term) of a micro-batch: its share of the PPO term and
+        of the SFT targets' term, aggregated as ``loss.aggregation`` says (see the module docstring)."""
         cfg = self.loss_cfg
+        token_mean = cfg.aggregation == "token_mean"
+        if token_mean:  # the fused op's Eq. 32 over one "response" (the row), rescaled to the batch's token mean
+            groups, num_groups = torch.zeros_like(mb.sample_idx), 1
+            scale = (float(mb.mask.sum()) + cfg.eps) / max(1, totals.tokens)
+        else:
+            groups, num_groups, scale = mb.sample_idx, totals.samples, 1.0
         loss, logp, clip_frac, dual_frac = ppo_loss_from_hidden(
-            hidden, weight, mb.targets, mb.logp_old, mb.logp_teacher, mb.mask, mb.sample_idx, num_samples,
+            hidden, weight, mb.targets, mb.logp_old, mb.logp_teacher, mb.mask, groups, num_groups,
             temperature=self.temperature, clip_eps=cfg.clip_eps, dual_clip=cfg.dual_clip, eps=cfg.eps)
+        loss = loss * scale  # the op's gradients scale with it (kernels/dispatch.py: a multiple of the loss)
         sft_tokens = (mb.sft_weight > 0).nonzero().squeeze(1)
         if sft_tokens.numel() == 0:
             return loss, logp, clip_frac, dual_frac, 0.0
         logp_sft, _ = logprob_gather(hidden[sft_tokens], weight, mb.targets[sft_tokens])
-        sft = -(logp_sft * mb.sft_weight[sft_tokens]).sum() / num_samples
+        beta = mb.sft_weight[sft_tokens]
+        if token_mean:
+            beta = beta / max(1, totals.tokens)
+        else:  # beta / |B| * its token mean
+            owner = mb.sample_idx[sft_tokens]
+            beta = beta / torch.bincount(owner)[owner] / totals.samples
+        sft = -(logp_sft * beta).sum()
         return loss + sft, logp, clip_frac, dual_frac, sft.detach()
 
     @torch.no_grad()
@@ -187,8 +218,9 @@ class StudentUpdater:
         returns the metrics of the whole batch over all ranks.
 
         This rank's samples are split, in order, into ``num_minibatches`` contiguous mini-batches, one AdamW step
-        each (with every rank's same-numbered mini-batch). Metrics: ``loss`` Eq. 32 over the batch (each mini-batch's
-        at the parameters it was computed with); ``grad_norm`` the mean pre-clip norm over steps;
+        each (with every rank's same-numbered mini-batch). Metrics: ``loss`` the loss (``loss.aggregation``) over
+        the batch (each mini-batch's at the parameters it was computed with); ``grad_norm`` the mean pre-clip norm
+        over steps;
         ``clip_frac``/``dual_clip_frac`` over supervised tokens; ``mismatch_mean``/``mismatch_max`` |log pi_theta -
         log pi_old| before the first step, over supervised tokens of samples generated by ``current_version`` (NaN
         when none); ``skipped`` the steps skipped for a non-finite loss or gradient norm (their gradients are
@@ -205,7 +237,10 @@ class StudentUpdater:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         minibatches = split_evenly(samples, self.num_minibatches)
-        sizes = reduce_sum([len(m) for m in minibatches])
+        counts = reduce_sum([len(m) for m in minibatches] + [sum(s.num_supervised for s in m) for m in minibatches])
+        sizes, num_supervised = counts[:len(minibatches)], counts[len(minibatches):]
+        # the metric's mean over mini-batches, each weighted by what its loss is a mean over
+        weights = num_supervised if self.loss_cfg.aggregation == "token_mean" else sizes
         if min(sizes) < 1:
             raise ValueError(f"{int(sum(sizes))} samples over all ranks: fewer than num_minibatches="
                              f"{self.num_minibatches}")
@@ -215,12 +250,14 @@ class StudentUpdater:
         loss, sft, clipped, dual, tokens, norms, skipped = 0.0, 0.0, 0, 0, 0, [], 0
         for k, minibatch in enumerate(minibatches):
             self.optimizer.zero_grad(set_to_none=True)
-            stats = self.accumulate_gradients(minibatch, current_version, int(sizes[k]))
+            stats = self.accumulate_gradients(minibatch, current_version,
+                                              BatchTotals(int(sizes[k]), int(num_supervised[k])))
             if k == 0:
                 mismatch.merge(stats.mismatch)
             step_loss, norm, stepped = self._step(stats)
-            loss += step_loss * sizes[k] / sum(sizes)
-            sft += reduce_sum([stats.sft_loss])[0] * sizes[k] / sum(sizes)
+            share = weights[k] / sum(weights) if sum(weights) else 1.0 / len(weights)
+            loss += step_loss * share
+            sft += reduce_sum([stats.sft_loss])[0] * share
             clipped, dual, tokens = clipped + stats.num_clipped, dual + stats.num_dual_clipped, tokens + stats.num_tokens
             norms.append(norm)
             skipped += not stepped

@@ -41,18 +41,19 @@ def _full(policy, bucket_bytes=1 << 30):
                                                          bucket_bytes=bucket_bytes)}
 
 
-def update_rank(model_dir, shards, save_dir):
+def update_rank(model_dir, shards, save_dir, aggregation="seq_mean_token_mean"):
     """One rank: gradients of its share (two mini-batches), one update, the gathered result; with ``save_dir`` a
     training checkpoint after it."""
     from actfirst.parallel.fsdp import full_tensor
-    from actfirst.train.student import StudentUpdater
+    from actfirst.train.student import BatchTotals, StudentUpdater
 
     ctx, policy = _policy(model_dir)
     samples = shards[ctx.rank]
-    up = StudentUpdater(policy, optim=OptimConfig(lr=ADAM_LR, grad_clip=1.0), loss=LossConfig(), temperature=0.8,
-                        num_updates=10, num_minibatches=2, micro_batch_tokens=40)
+    up = StudentUpdater(policy, optim=OptimConfig(lr=ADAM_LR, grad_clip=1.0), loss=LossConfig(aggregation=aggregation),
+                        temperature=0.8, num_updates=10, num_minibatches=2, micro_batch_tokens=40)
     half = len(samples) // 2
-    up.accumulate_gradients(samples[:half], 0, num_samples=sum(len(s) for s in shards) // 2)
+    first = [s for shard in shards for s in shard[:len(shard) // 2]]  # every rank's first mini-batch
+    up.accumulate_gradients(samples[:half], 0, BatchTotals.of(first))
     grads = {n: full_tensor(p.grad).clone() for n, p in policy.model.named_parameters()}
     up.optimizer.zero_grad(set_to_none=True)
     metrics = up.update(samples, current_version=0)
@@ -130,6 +131,22 @@ def test_two_rank_update_equals_one_rank_update_and_its_checkpoint_loads_at_one_
     for name, state in two[0]["optim"].items():
         for key, value in state.items():
             assert torch.equal(loaded["optim"][name][key], value), (name, key)
+
+
+def test_token_mean_over_two_ranks_equals_one_rank(tiny_model_dir, batch):
+    """003's token-mean aggregation divides by the supervised tokens of the mini-batch over all ranks: the ranks
+    here hold different numbers of them, and 2 ranks still give 1 rank's gradients, loss and update."""
+    one, = spawn_ranks(update_rank, 1, str(tiny_model_dir), [batch], None, "token_mean")
+    shards = [batch[0:2] + batch[4:6], batch[2:4] + batch[6:8]]
+    print("supervised tokens per rank:", [sum(s.num_supervised for s in shard) for shard in shards])
+    two = spawn_ranks(update_rank, 2, str(tiny_model_dir), shards, None, "token_mean")
+    for name, g in one["grads"].items():
+        torch.testing.assert_close(two[0]["grads"][name], g, rtol=0, atol=GRAD_RTOL * max(float(g.abs().max()), 1e-12),
+                                   msg=name)
+    assert max(float((two[0]["params"][n] - p).abs().max()) for n, p in one["params"].items()) <= PARAM_ATOL
+    assert two[0]["metrics"]["loss"] == pytest.approx(one["metrics"]["loss"], rel=1e-5, abs=1e-7)
+    seq_mean, = spawn_ranks(update_rank, 1, str(tiny_model_dir), [batch], None)
+    assert seq_mean["metrics"]["loss"] != pytest.approx(one["metrics"]["loss"], rel=1e-3)  # the key reached the loss
 
 
 def test_sharded_teacher_scores_as_a_whole_one(tiny_model_dir, vocab_size):

@@ -26,8 +26,8 @@ def model(tiny_model_dir):
 
 def updater(model, temperature=1.0, **kw):
     optim = kw.pop("optim", OptimConfig(lr=1e-3, grad_clip=0.0))
-    return StudentUpdater(LMHeadModel(model), optim=optim, loss=LossConfig(), temperature=temperature,
-                          num_updates=10, **kw)
+    loss = kw.pop("loss", LossConfig())
+    return StudentUpdater(LMHeadModel(model), optim=optim, loss=loss, temperature=temperature, num_updates=10, **kw)
 
 
 def logprobs64(model64, sample, temperature):
@@ -134,6 +134,34 @@ def test_seq_mean_token_mean_normalization(model, gen):
     stats = updater(model).accumulate_gradients(samples, current_version=0)
     expected = -((1.0 + 3.0) / 2 + (-0.6) + 0.0 + (5 * 0.3 + 0.9) / 6) / 4
     assert stats.loss == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize("micro_batch_tokens", [8192, 12])
+def test_token_mean_aggregation_by_hand(model, gen, micro_batch_tokens):
+    """003 D.3's token-mean at rho = 1 (every supervised token's loss is -A): the sum over all supervised tokens of
+    the batch over their number, whatever the rows; an SFT target's sampled tokens are tokens of that mean, each
+    adding beta * NLL. Written out by hand beside Eq. 32 on the same samples."""
+    specs = [(4, [(0.0, 1.0, 1), (0.0, 3.0, 1), (0.0, 9.0, 0)]), (9, [(0.0, -0.6, 1)]),
+             (2, [(0.0, 2.0, 0), (0.0, 2.0, 0)]), (6, [(0.0, 0.3, 1)] * 5 + [(0.0, 0.9, 1)])]
+    samples = designed(model, gen, specs, 1.0)
+    token_mean = LossConfig(aggregation="token_mean")
+    stats = updater(model, micro_batch_tokens=micro_batch_tokens, loss=token_mean).accumulate_gradients(samples, 0)
+    tokens = [1.0, 3.0, -0.6] + [0.3] * 5 + [0.9]
+    assert stats.loss == pytest.approx(-sum(tokens) / len(tokens), abs=1e-5)
+    seq = updater(model, micro_batch_tokens=micro_batch_tokens).accumulate_gradients(samples, 0)
+    assert seq.loss == pytest.approx(-((1.0 + 3.0) / 2 - 0.6 + 0.0 + (5 * 0.3 + 0.9) / 6) / 4, abs=1e-5)
+
+    beta = 1.5
+    sft = designed(model, gen, [(5, [(0.0, 0.0, 1), (0.0, 0.0, 0), (0.0, 0.0, 1), (0.0, 0.0, 1)])], 1.0)[0]
+    sft.sft_weight = beta
+    with torch.no_grad():
+        nll = -logprobs64(copy.deepcopy(model).double(), sft, 1.0)[[0, 2, 3]]
+    stats = updater(model, micro_batch_tokens=micro_batch_tokens, loss=token_mean).accumulate_gradients(
+        samples + [sft], 0)
+    n = len(tokens) + 3
+    print(f"token-mean with an SFT target: loss {stats.loss:.6f}, sft {stats.sft_loss:.6f}, {n} tokens")
+    assert stats.sft_loss == pytest.approx(float(beta * nll.sum() / n), rel=1e-5)
+    assert stats.loss == pytest.approx(-sum(tokens) / n + float(beta * nll.sum() / n), rel=1e-5, abs=1e-6)
 
 
 def test_micro_and_mini_batches_match_one_pass(model, gen):
