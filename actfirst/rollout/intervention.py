@@ -32,8 +32,10 @@ The rate r_n falls linearly from ``uopd.rate[0]`` at the first update to ``uopd.
 batch takes the rate of the update it is collected for (in the paper one rollout batch is one training step; with
 ``overlap`` the batch collected during update u is for update u + 1), and an episode holds r_n with tau_n.
 
-A teacher response without an action (truncated, B.3, or ended without one) is neither executed nor imitated: the
-student's action runs and keeps its OPD sample (counted: ``uopd/teacher_no_action``).
+A teacher response without an action (truncated, B.3, or ended without a complete action: Search's output with no
+closed ``<search>`` or ``<answer>``, which the environment would answer with its invalid-action reply) is neither
+executed nor imitated: the student's action runs and keeps its OPD sample (counted: ``uopd/teacher_no_action``;
+:func:`teacher_action`).
 
 The teacher generates on its own in-process vLLM engine, beside the student's (a second ``ActFirstEngine`` in this
 process, with B.3's budget as the student's full responses): its requests batch, and the student's engine and
@@ -180,6 +182,15 @@ class Intervention:
         self.scores.extend(float(x) for x in state["scores"])
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
+
+
+def teacher_action(response: FullResponse, response_format: ResponseFormat) -> str | None:
+    """What the teacher path executes and imitates of the teacher's ``response``: its action, or None when the
+    response holds no complete action in the benchmark's ``response_format`` (whatever the environment would make
+    of the text, e.g. Search's invalid-action reply)."""
+    if response.action and response_format.has_action(response.text):
+        return response.action
+    return None
 
 
 def intervention_metrics(records: list[InterventionRecord]) -> dict[str, float]:

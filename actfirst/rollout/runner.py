@@ -49,7 +49,7 @@ from actfirst.envs.workers import EnvError, EnvPool, EnvWorker, WorkerDied
 from actfirst.prompts import Mode, Prompt, PromptTooLong, Step, build_prompt
 from actfirst.rollout.actions import FastAction, generate_fast_action
 from actfirst.rollout.budget import FullResponse, generate_full_response
-from actfirst.rollout.intervention import Intervention, InterventionRecord
+from actfirst.rollout.intervention import Intervention, InterventionRecord, teacher_action
 from actfirst.rollout.strategies import ActionSource, Guidance, RolloutStrategy
 from actfirst.sample import Sample
 
@@ -315,13 +315,14 @@ class RolloutRunner:
         t0 = time.perf_counter()
         teacher = await self.intervention.teacher_response(ep.contexts[-1], seed, self.benchmark.response_format)
         record.teacher_s = time.perf_counter() - t0
-        if not teacher.action:  # truncated (B.3) or ended without one: nothing to execute or imitate
+        executed = teacher_action(teacher, self.benchmark.response_format)
+        if executed is None:  # truncated (B.3) or ended without a complete action: nothing to execute or imitate
             record.teacher_no_action = True
             return action, ActionSource.FULL_RESPONSE
         ep.teacher_responses[-1] = teacher
         if self.intervention.cfg.teacher_execution:
             ep.replaced[-1] = True
-            return teacher.action, ActionSource.TEACHER
+            return executed, ActionSource.TEACHER
         return action, ActionSource.FULL_RESPONSE
 
     def _prompt(self, mode: Mode, current: Transition, history: list[Step], counts: PromptCounts,

@@ -11,7 +11,15 @@ import pytest
 
 from actfirst.config import ConfigError
 from actfirst.rollout.budget import FullResponse
-from actfirst.rollout.intervention import Intervention, quantile_threshold, scheduled_rate, uncertainty_score
+from actfirst.envs.response_format import ACTION_TAGS
+from actfirst.envs.search.text import SEARCH_RESPONSES
+from actfirst.rollout.intervention import (
+    Intervention,
+    quantile_threshold,
+    scheduled_rate,
+    teacher_action,
+    uncertainty_score,
+)
 from actfirst.rollout.runner import EpisodeResult, episode_samples
 from actfirst.rollout.strategies import BackwardToForward, TCODConfig, UOPDConfig, make_strategy
 
@@ -117,3 +125,22 @@ def test_a_replaced_proposal_carries_no_loss_even_when_the_step_failed():
     samples = episode_samples(episode, "uopd", sft_weight=2.0)
     assert [(s.turn, s.response_ids, s.sft_weight) for s in samples] == [(0, [1, 2], 0.0), (1, [5, 6, 7], 2.0)]
     assert samples[1].weight_version == 3 and samples[1].context_ids == [9, 8]
+
+
+@pytest.mark.parametrize("response_format, text, want", [
+    (SEARCH_RESPONSES, "<think>who</think> <search> eiffel designer </search>",
+     "<think>who</think> <search> eiffel designer </search>"),
+    (SEARCH_RESPONSES, "<think>so</think> <answer> Dijon </answer>", "<think>so</think> <answer> Dijon </answer>"),
+    (SEARCH_RESPONSES, "<think>no field</think> just text", None),
+    (SEARCH_RESPONSES, "<think>cut</think> <search> never closed", None),
+    (ACTION_TAGS, "<think>go</think><action>go to desk 1</action>", "go to desk 1"),
+    (ACTION_TAGS, "<think>go</think>go to desk 1", None),
+])
+def test_the_teacher_path_acts_only_on_a_complete_action(response_format, text, want):
+    """003's teacher path: a teacher output with no complete action field (Search: no closed <search> or <answer>)
+    is neither executed nor imitated (counted as uopd/teacher_no_action), whatever the environment would make of it."""
+    truncated = not response_format.has_action(text)
+    response = full_response([1, 2], action=response_format.extract_action(text, truncated=truncated))
+    response.text = text
+    print(f"{text!r}: extract_action {response.action!r}")
+    assert teacher_action(response, response_format) == want
