@@ -463,8 +463,16 @@ class TrainConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     num_updates: int = 250
+    batch: Literal["turns", "rollout"] = "turns"
+    """What one update trains on. ``turns`` (000, Sec. 5.1 and B.4): ``batch_samples`` turn-level full responses
+    from the FIFO buffer, of the current or the preceding weight version (a rollout batch may feed several updates,
+    or several batches one). ``rollout`` (003, Sec. 5.1: "we train for 250 steps on ALFWorld and 150 on WebShop with
+    rollout batch size 16"): one step trains on every sample of one rollout batch (``rollout.batch_tasks`` tasks),
+    in ``num_minibatches`` mini-batches, and the next batch is collected under the new weights (with ``overlap``:
+    during the update, one version behind); ``batch_samples`` is not read. TCOD's n and UOPD's r_n then advance once
+    per step, as in 003."""
     batch_samples: int = 64
-    """Full responses per update (Sec. 5.1: optimization batches of 64)."""
+    """Full responses per update with ``batch: turns`` (Sec. 5.1: optimization batches of 64)."""
     num_minibatches: int = 1
     """Optimizer steps per update: the batch is split into this many mini-batches."""
     micro_batch_tokens: int = 8192
@@ -532,8 +540,8 @@ class TrainConfig:
             check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         for name in ("train_tasks", "probe_contexts"):
             check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")
-        check(self.batch_samples % self.num_minibatches == 0, "num_minibatches", self.num_minibatches,
-               f"must divide batch_samples={self.batch_samples}")
+        check(self.batch == "rollout" or self.batch_samples % self.num_minibatches == 0, "num_minibatches",
+              self.num_minibatches, f"must divide batch_samples={self.batch_samples}")
         check(self.scheduler.b_max <= self.student.max_num_seqs, "scheduler.b_max", self.scheduler.b_max,
                f"must not exceed student.max_num_seqs={self.student.max_num_seqs}")
         need = self.rollout.max_prompt_tokens + max(self.rollout.budget.total, self.rollout.budget.fast_action_tokens)

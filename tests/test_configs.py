@@ -237,9 +237,9 @@ def test_method_configs(path, paths):
         assert cfg.num_updates == {"alfworld": 250, "webshop": 150, "search": 300}[cfg.benchmark]
         assert cfg.env is None or cfg.env.max_turns == {"alfworld": 50, "webshop": 15,
                                                         "search": 8}[cfg.benchmark]
-        assert cfg.loss.aggregation == "token_mean"  # D.3
+        assert cfg.loss.aggregation == "token_mean" and cfg.batch == "rollout"  # D.3, Sec. 5.1
     else:
-        assert cfg.loss.aggregation == "seq_mean_token_mean"  # 000's Eq. 32
+        assert cfg.loss.aggregation == "seq_mean_token_mean" and cfg.batch == "turns"  # 000's Eq. 32, Sec. 5.1
     if strategy == "uopd":  # D.4's schedules per student size; Search's signal is the other one 003 defines
         assert cfg.uopd.rate == ((0.5, 0.3) if student == "qwen2.5-1.5b" else (0.3, 0.05))
         assert cfg.uopd.score == ("logprob_gap" if cfg.benchmark == "search" else "teacher_confidence")

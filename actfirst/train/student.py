@@ -226,7 +226,7 @@ class StudentUpdater:
         when none); ``skipped`` the steps skipped for a non-finite loss or gradient norm (their gradients are
         discarded); ``teacher_minus_old`` the mean advantage (Eq. 29) over OPD samples; ``sft_loss``
         the SFT targets' part of ``loss`` and ``sft_samples`` their number (UOPD); ``version_lag_mean`` the mean of
-        current_version - weight_version; ``lr``, ``num_tokens``, ``num_supervised``, ``update_s``.
+        current_version - weight_version; ``lr``, ``num_tokens``, ``num_supervised``, ``num_samples``, ``update_s``.
         """
         start = time.perf_counter()
         for i, s in enumerate(samples):
@@ -290,6 +290,7 @@ class StudentUpdater:
             "skipped": float(skipped),
             "num_tokens": float(tokens),
             "num_supervised": float(n_sup),
+            "num_samples": float(n_samples),
             "teacher_minus_old": gap_sum / n_sup if n_sup else math.nan,
             "version_lag_mean": lag_sum / n_samples if n_samples else math.nan,
             "sft_samples": float(n_sft),

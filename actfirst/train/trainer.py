@@ -5,7 +5,8 @@
 :meth:`Trainer.step` is one update (Appendix B.4, C.3), as named phases:
 
 1. ``collect_rollouts``: rollout batches of this rank's share of ``rollout.batch_tasks`` tasks until its FIFO buffer
-   holds its share of ``batch_samples`` full responses of the current or the immediately preceding weight version;
+   holds its share of ``batch_samples`` full responses of the current or the immediately preceding weight version
+   (``batch: rollout``: every sample of one rollout batch, 003's step);
 2. ``score``: the frozen teacher scores every response token under the same context (fused log-prob gather);
 3. ``update``: the student takes its dual-clipped PPO steps on the batch of all ranks (Eq. 32 over the global batch);
 4. ``sync_weights``: each rank gathers the new full weights and loads them into its own engine, in this process;
@@ -146,7 +147,7 @@ class TaskStream:
 
 def check_layout(cfg: TrainConfig, world_size: int) -> None:
     """Refuse a batch that does not divide over ``world_size`` ranks, by key and value (before anything starts)."""
-    if cfg.batch_samples % (world_size * cfg.num_minibatches):
+    if cfg.batch == "turns" and cfg.batch_samples % (world_size * cfg.num_minibatches):
         raise ConfigError(f"batch_samples={cfg.batch_samples}: must be a multiple of the ranks ({world_size}) x "
                           f"num_minibatches ({cfg.num_minibatches}), so that every optimizer step takes an equal share "
                           f"from every rank")
@@ -416,12 +417,26 @@ class Trainer:
         """Rollout batches until this rank's buffer holds its share of the update's batch (current or preceding
         weight version); with ``overlap``, the next rollout batch starts before returning."""
         version = self.engine.weight_version
+        if self.cfg.batch == "rollout":
+            return await self._collect_rollout_batch(stats, update, version)
         while self.buffer.num_eligible(version) < self.quota:
             batch, self.pending = await (self.pending or self._start_batch(update)), None
             self._finish_batch(batch, stats)
         samples = self.buffer.take(self.quota, version)
         if self.cfg.overlap and self.buffer.num_eligible(version + 1) < self.quota:
             self.pending, stats.overlapped = self._start_batch(update + 1), True  # collected while the update runs
+        return samples
+
+    async def _collect_rollout_batch(self, stats: UpdateStats, update: int, version: int) -> list[Sample]:
+        """``batch: rollout`` (003's step): every sample of one rollout batch, the one collected during the last
+        update with ``overlap`` (then the next starts now); a batch without a sample (every episode failed) is
+        followed by another."""
+        while not self.buffer.num_eligible(version):
+            batch, self.pending = await (self.pending or self._start_batch(update)), None
+            self._finish_batch(batch, stats)
+        samples = self.buffer.take(self.buffer.num_eligible(version), version)
+        if self.cfg.overlap:
+            self.pending, stats.overlapped = self._start_batch(update + 1), True
         return samples
 
     def _start_batch(self, update: int) -> asyncio.Future:

@@ -153,6 +153,21 @@ def test_bad_config_is_named(run_config, tmp_path):
     assert proc.returncode == 2 and "rollout.strategy='actfrist'" in proc.stderr
 
 
+def test_a_step_trains_on_one_rollout_batch(run_config, tmp_path):
+    """003's step (``batch: rollout``, with its token-mean loss): every update trains on every sample of exactly one
+    rollout batch (Vanilla: one full response per transition), nothing stays buffered or is dropped, and the
+    rollout-batch counter n advances once per step."""
+    config, _ = run_config
+    train_cli(config, "batch=rollout", "loss.aggregation=token_mean", "rollout.strategy=vanilla", "references=null",
+              "num_updates=3", f"out_dir={tmp_path / 'rollout'}")
+    rows = read_metrics(tmp_path / "rollout")
+    print([(r["update"], r["rollout_batches"], r["transitions"], r["num_samples"]) for r in rows])
+    assert [r["rollout/batch_n"] for r in rows] == [0, 1, 2] and all(r["rollout_batches"] == 1 for r in rows)
+    assert all(r["num_samples"] == r["transitions"] > 0 for r in rows)
+    assert all(r["buffer/size"] == 0 and r["buffer/dropped"] == 0 for r in rows)
+    assert all(r["version_lag_mean"] == 0 for r in rows) and [r["weight_version"] for r in rows] == [1, 2, 3]
+
+
 def test_overlap_keeps_the_staleness_rule(run_config, tmp_path):
     """Rollouts collected while the update runs (in a thread): every consumed sample is of the current or the
     immediately preceding weight version, and weight updates between rollout batches throw nothing away."""
