@@ -169,21 +169,23 @@ def final_hidden(model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tenso
     return out.last_hidden_state[0, micro_batch.positions]
 
 
-def attention_implementation(requested: str, device: torch.device | str, *, backward: bool) -> str:
-    """The attention implementation that ``parallel.attention`` = ``requested`` means on ``device``, for a model
-    that runs a backward (the student) or not (the teacher). auto: flash_attention_2 when ``flash_attn`` imports on
-    a GPU, flex_attention on a GPU without it, sdpa on the CPU. Raises :class:`ConfigError` (one line) for one that
-    cannot run here."""
+def attention_implementation(requested: str, device: torch.device | str, dtype: torch.dtype, *,
+                             backward: bool) -> str:
+    """The attention implementation that ``parallel.attention`` = ``requested`` means on ``device`` for a model
+    computing in ``dtype`` that runs a backward (the student) or not (the teacher). auto: flash_attention_2 when
+    ``flash_attn`` imports on a GPU and ``dtype`` is 16-bit (flash-attn has no float32 kernel), else flex_attention
+    on a GPU, sdpa on the CPU. Raises :class:`ConfigError` (one line) for one that cannot run here."""
     device = torch.device(device)
+    flash_runs = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
     has_flash = importlib.util.find_spec("flash_attn") is not None
     if requested == "auto":
         if device.type != "cuda":
             return "sdpa"
-        return "flash_attention_2" if has_flash else "flex_attention"
-    if requested == "flash_attention_2" and not (has_flash and device.type == "cuda"):
-        why = "the flash_attn package is not installed (the gpu extra)" if not has_flash else "it runs on CUDA only"
-        raise ConfigError(f"parallel.attention={requested!r}: {why}; this rank's device is {device.type} "
-                          "(auto picks what runs here)")
+        return "flash_attention_2" if has_flash and flash_runs else "flex_attention"
+    if requested == "flash_attention_2" and not (has_flash and flash_runs):
+        why = ("the flash_attn package is not installed (the gpu extra)" if not has_flash else
+               f"it runs on CUDA in bfloat16 or float16, and this model computes in {dtype} on {device.type}")
+        raise ConfigError(f"parallel.attention={requested!r}: {why} (auto picks what runs here)")
     if requested == "flex_attention" and backward and device.type == "cpu":
         raise ConfigError(f"parallel.attention={requested!r}: torch {torch.__version__} has no FlexAttention "
                           "backward on the CPU (auto picks sdpa there)")

@@ -48,7 +48,8 @@ class TeacherScorer:
         self.sharded = shard is not None
         self.device = shard.device if shard is not None else torch.device(
             device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        model.set_attn_implementation(attention_implementation(attention, self.device, backward=False))
+        dtype = next(model.parameters()).dtype
+        model.set_attn_implementation(attention_implementation(attention, self.device, dtype, backward=False))
         model.eval().requires_grad_(False)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.head = LMHeadModel(model)

@@ -60,6 +60,7 @@ from actfirst.evaluation import merge_reports, run_evaluation
 from actfirst.files import write_atomically
 from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
+from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.parallel.context import (
     ParallelContext,
     all_gather_objects,
@@ -68,7 +69,6 @@ from actfirst.parallel.context import (
     reduce_max,
     reduce_sum,
 )
-from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
 from actfirst.reference_cache import load_references
@@ -253,7 +253,8 @@ class Trainer:
     def _build_models(self) -> None:
         """The frozen teacher (its tokenizer checked first) and the student's FSDP2 shard with its updater."""
         cfg, ctx = self.cfg, self.ctx
-        attention = attention_implementation(cfg.parallel.attention, ctx.device, backward=True)  # refused early
+        attention = attention_implementation(cfg.parallel.attention, ctx.device, _DTYPES[cfg.parallel.compute_dtype],
+                                             backward=True)  # refused before anything loads
         self.teacher = TeacherScorer.load(cfg.teacher, student_tokenizer=self.tokenizer, dtype=cfg.teacher_dtype,
                                           micro_batch_tokens=cfg.micro_batch_tokens, device=ctx.device,
                                           shard=ctx if cfg.parallel.teacher == "shard" else None,

@@ -151,14 +151,20 @@ def test_attention_choice_and_refusals(tmp_path):
     from actfirst.train.packing import attention_implementation
     from actfirst.user_input import ConfigError
 
-    assert attention_implementation("auto", "cpu", backward=True) == "sdpa"
-    expected_gpu = "flash_attention_2" if importlib.util.find_spec("flash_attn") else "flex_attention"
-    assert attention_implementation("auto", torch.device("cuda", 0), backward=True) == expected_gpu
-    assert attention_implementation("flex_attention", "cpu", backward=False) == "flex_attention"  # the teacher
+    bf16, f32 = torch.bfloat16, torch.float32
+    gpu = torch.device("cuda", 0)
+    assert attention_implementation("auto", "cpu", bf16, backward=True) == "sdpa"
+    flash = importlib.util.find_spec("flash_attn") is not None
+    assert attention_implementation("auto", gpu, bf16, backward=True) == ("flash_attention_2" if flash else
+                                                                          "flex_attention")
+    assert attention_implementation("auto", gpu, f32, backward=True) == "flex_attention"  # flash-attn: 16-bit only
+    assert attention_implementation("flex_attention", "cpu", f32, backward=False) == "flex_attention"  # the teacher
     with pytest.raises(ConfigError, match=r"^parallel.attention='flex_attention': .*no FlexAttention backward"):
-        attention_implementation("flex_attention", "cpu", backward=True)
+        attention_implementation("flex_attention", "cpu", f32, backward=True)
     with pytest.raises(ConfigError, match=r"^parallel.attention='flash_attention_2': "):
-        attention_implementation("flash_attention_2", "cpu", backward=False)
+        attention_implementation("flash_attention_2", "cpu", bf16, backward=False)
+    with pytest.raises(ConfigError, match=r"^parallel.attention='flash_attention_2': "):
+        attention_implementation("flash_attention_2", gpu, f32, backward=False)
     demo = Path(__file__).parents[2] / "configs" / "demo" / "scienceworld_lifespan.yaml"
     with paths_unchecked():
         assert load_config(TrainConfig, demo).parallel.attention == "auto"
