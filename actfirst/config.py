@@ -420,6 +420,16 @@ class ParallelConfig:
     peer_timeout_s: float = 30.0
     """With several ranks: a rank whose heartbeat has not moved for this long is taken as dead, and the others stop
     (``actfirst.parallel.watchdog``)."""
+    activation_checkpointing: bool = False
+    """Keep only each decoder block's input and recompute the block in the backward (torch's non-reentrant checkpoint
+    per block, applied before FSDP2: ``actfirst.parallel.checkpointing``): the student's activations shrink to about
+    one block's, for about a third more compute. The student only (the teacher never runs a backward)."""
+    attention: Literal["auto", "flash_attention_2", "flex_attention", "sdpa"] = "auto"
+    """The student's and the teacher's attention over packed rows (``actfirst.train.packing.attention_implementation``).
+    auto: flash-attn's varlen kernel (sample boundaries from position_ids) when ``flash_attn`` imports on a GPU and
+    the model computes in 16 bits, else FlexAttention's block mask on a GPU, else sdpa (the CPU: FlexAttention has no CPU backward). sdpa gives a row
+    of several samples a dense [T x T] mask, and a [T x T] bias saved per layer for the backward: auto never picks it
+    on a GPU. A named one that cannot run here is refused at start."""
 
     def __post_init__(self) -> None:
         check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from actfirst.kernels.dispatch import logprob_gather
+from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.parallel.context import ParallelContext, broadcast_object, init_parallel, reduce_sum
 from actfirst.parallel.fsdp import apply_fsdp, total_grad_norm
 from actfirst.schema import to_dict
@@ -52,11 +53,11 @@ class TeacherTrainer:
         self.checkpoint = broadcast_object(latest_checkpoint(cfg.work_dir) if ctx.lead else None)  # one for all
         source = self.checkpoint or cfg.base_model
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)  # the master weights
-        if cfg.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.base_model)
         self.policy = LMHeadModel(model)
+        if cfg.activation_checkpointing:  # before FSDP2 (see actfirst.parallel.checkpointing)
+            apply_activation_checkpointing(self.policy, self.policy.blocks)
         apply_fsdp(self.policy, self.policy.blocks, ctx.mesh, param_dtype=compute_dtype(cfg, ctx.device))
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         o = cfg.optim

@@ -5,20 +5,30 @@ stay in the context, B.4), so the state at row index i scores token i + 1 under 
 (Sec. 3, Eq. 3). Samples are never split: a forward over x_b needs its whole context.
 
 Isolation comes from ``position_ids`` that restart at 0 for every sample, with no attention mask and no KV cache.
-Transformers (``masking_utils.find_packed_sequence_indices``) then turns each restart into a sequence boundary and
-builds a block-diagonal causal mask (sdpa, eager, flex), and the flash-attention paths derive varlen ``cu_seqlens``
-from the same restarts; RoPE sees each sample's own positions. Other attention implementations get no mask from
-transformers, so :func:`final_hidden` refuses them for rows holding more than one sample.
+Transformers (5.x, ``masking_utils.find_packed_sequence_indices``) turns each restart into a sequence boundary, and
+what each attention implementation then gets for a row of several samples differs (``parallel.attention``):
+
+- flash_attention_2: no mask at all; flash-attn's varlen kernel over ``cu_seqlens`` taken from the restarts
+  (``modeling_flash_attention_utils._is_packed_sequence``): each sample attends causally to itself, no wasted FLOPs.
+- flex_attention: a ``BlockMask`` (block-sparse, 128 x 128 blocks): blocks across two samples are skipped, none is
+  materialized. On the CPU, torch (2.13) has no FlexAttention backward, and transformers compiles its forward.
+- sdpa: a dense [1, 1, T, T] boolean mask; it rules out SDPA's flash kernel, repeats K/V to every query head, and
+  becomes a [T x T] bias per layer that autograd saves for the backward. A one-sample row gets no mask (``is_causal``).
+
+RoPE sees each sample's own positions. Other implementations get no mask from transformers, so
+:func:`final_hidden` refuses them for rows holding more than one sample.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 
 import torch
 
 from actfirst.parallel.context import reduce_max
 from actfirst.sample import Sample
+from actfirst.user_input import ConfigError
 
 # The attention implementations whose masks honour position_ids restarts (transformers 5.x masking_utils).
 PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
@@ -157,3 +167,26 @@ def final_hidden(model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tenso
     out = model.model(input_ids=micro_batch.input_ids[None], position_ids=micro_batch.position_ids[None],
                       use_cache=False)
     return out.last_hidden_state[0, micro_batch.positions]
+
+
+def attention_implementation(requested: str, device: torch.device | str, dtype: torch.dtype, *,
+                             backward: bool) -> str:
+    """The attention implementation that ``parallel.attention`` = ``requested`` means on ``device`` for a model
+    computing in ``dtype`` that runs a backward (the student) or not (the teacher). auto: flash_attention_2 when
+    ``flash_attn`` imports on a GPU and ``dtype`` is 16-bit (flash-attn has no float32 kernel), else flex_attention
+    on a GPU, sdpa on the CPU. Raises :class:`ConfigError` (one line) for one that cannot run here."""
+    device = torch.device(device)
+    flash_runs = device.type == "cuda" and dtype in (torch.bfloat16, torch.float16)
+    has_flash = importlib.util.find_spec("flash_attn") is not None
+    if requested == "auto":
+        if device.type != "cuda":
+            return "sdpa"
+        return "flash_attention_2" if has_flash and flash_runs else "flex_attention"
+    if requested == "flash_attention_2" and not (has_flash and flash_runs):
+        why = ("the flash_attn package is not installed (the gpu extra)" if not has_flash else
+               f"it runs on CUDA in bfloat16 or float16, and this model computes in {dtype} on {device.type}")
+        raise ConfigError(f"parallel.attention={requested!r}: {why} (auto picks what runs here)")
+    if requested == "flex_attention" and backward and device.type == "cpu":
+        raise ConfigError(f"parallel.attention={requested!r}: torch {torch.__version__} has no FlexAttention "
+                          "backward on the CPU (auto picks sdpa there)")
+    return requested

@@ -22,7 +22,7 @@ from actfirst.parallel.context import ParallelContext
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.sample import Sample
 from actfirst.train.head import LMHeadModel
-from actfirst.train.packing import pack, pad_across_ranks
+from actfirst.train.packing import attention_implementation, pack, pad_across_ranks
 from actfirst.user_input import check_model_dir
 
 
@@ -37,23 +37,25 @@ class TeacherScorer:
 
     def __init__(self, model: torch.nn.Module, *, micro_batch_tokens: int = 8192,
                  device: str | torch.device | None = None, shard: ParallelContext | None = None,
-                 name: str = "teacher") -> None:
+                 name: str = "teacher", attention: str = "auto") -> None:
         """``model``: a Hugging Face causal LM. ``shard``: FSDP2-shard it over that context's ranks (every rank must
         then score together); None: a whole copy on ``device`` (default: the GPU when there is one). ``name`` is
-        what errors call it (its directory)."""
+        what errors call it (its directory); ``attention`` is ``parallel.attention`` (packed rows' attention)."""
         if micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens={micro_batch_tokens!r}: must be >= 1")
         self.model_dir = name
         self.micro_batch_tokens = micro_batch_tokens
+        self.sharded = shard is not None
+        self.device = shard.device if shard is not None else torch.device(
+            device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dtype = next(model.parameters()).dtype
+        model.set_attn_implementation(attention_implementation(attention, self.device, dtype, backward=False))
         model.eval().requires_grad_(False)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.head = LMHeadModel(model)
-        self.sharded = shard is not None
         if shard is not None:
-            self.device = shard.device
             apply_fsdp(self.head, self.head.blocks, shard.mesh)
         else:
-            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             self.head.to(self.device)
 
     @classmethod

@@ -61,6 +61,7 @@ from actfirst.evaluation import merge_reports, run_evaluation
 from actfirst.files import write_atomically
 from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
+from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.parallel.context import (
     ParallelContext,
     all_gather_objects,
@@ -82,6 +83,7 @@ from actfirst.train.checkpoint import latest_checkpoint, record_best, restore_rn
 from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, RunClock, account
 from actfirst.train.head import LMHeadModel
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
+from actfirst.train.packing import attention_implementation
 from actfirst.train.plots import WALL_CLOCK, plot_training_curve, read_records
 from actfirst.train.speedup import FIELDS as SPEEDUP_FIELDS
 from actfirst.train.speedup import EpisodeLatencies, batch_times, speedups
@@ -252,12 +254,18 @@ class Trainer:
     def _build_models(self) -> None:
         """The frozen teacher (its tokenizer checked first) and the student's FSDP2 shard with its updater."""
         cfg, ctx = self.cfg, self.ctx
+        attention = attention_implementation(cfg.parallel.attention, ctx.device, _DTYPES[cfg.parallel.compute_dtype],
+                                             backward=True)  # refused before anything loads
         self.teacher = TeacherScorer.load(cfg.teacher, student_tokenizer=self.tokenizer, dtype=cfg.teacher_dtype,
                                           micro_batch_tokens=cfg.micro_batch_tokens, device=ctx.device,
-                                          shard=ctx if cfg.parallel.teacher == "shard" else None)
+                                          shard=ctx if cfg.parallel.teacher == "shard" else None,
+                                          attention=cfg.parallel.attention)
         student = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)  # the master weights
+        student.set_attn_implementation(attention)
         student.train()
         self.policy = LMHeadModel(student)
+        if cfg.parallel.activation_checkpointing:  # before FSDP2 (see actfirst.parallel.checkpointing)
+            apply_activation_checkpointing(self.policy, self.policy.blocks)
         apply_fsdp(self.policy, self.policy.blocks, ctx.mesh, param_dtype=_DTYPES[cfg.parallel.compute_dtype])
         self.updater = StudentUpdater(self.policy, optim=cfg.optim, loss=cfg.loss, temperature=cfg.rollout.temperature,
                                       num_updates=cfg.num_updates, num_minibatches=cfg.num_minibatches,

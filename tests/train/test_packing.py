@@ -1,4 +1,9 @@
-"""Packing: layout, alignment, and a packed forward equal to separate per-sample forwards."""
+"""Packing: layout, alignment, a packed forward equal to separate per-sample forwards, the mask each attention
+implementation gets, and ``parallel.attention``."""
+
+import dataclasses
+import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,3 +80,93 @@ def test_packed_forward_equals_separate_forwards(tiny_model_dir, gen, attn, dtyp
     assert packed.shape == (sum(len(s.response_ids) for s in samples), model.config.hidden_size)
     torch.testing.assert_close(packed, expected, atol=atol, rtol=0)
     assert (leaky - expected).abs().max() > 1e-2
+
+
+def test_the_mask_each_attention_gets_for_a_packed_row(tiny_model_dir, eager_flex):
+    """What transformers builds from position_ids restarts (no attention mask): sdpa a dense [1, 1, T, T] boolean
+    mask (block-diagonal causal) for several samples and none for one; flex a block mask; flash-attn none (its
+    varlen kernel takes the boundaries from position_ids)."""
+    from torch.nn.attention.flex_attention import BlockMask
+    from transformers.masking_utils import create_causal_mask
+
+    model = Qwen3ForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    two = torch.cat([torch.arange(5), torch.arange(3)])[None]
+    embeds = torch.zeros(1, 8, model.config.hidden_size)
+
+    def mask(impl, position_ids):
+        model.config._attn_implementation = impl
+        return create_causal_mask(config=model.config, inputs_embeds=embeds, attention_mask=None,
+                                  past_key_values=None, position_ids=position_ids)
+
+    dense = mask("sdpa", two)
+    assert dense.shape == (1, 1, 8, 8) and dense.dtype == torch.bool
+    expected = torch.block_diag(torch.ones(5, 5), torch.ones(3, 3)).tril().bool()
+    assert torch.equal(dense[0, 0], expected)
+    assert mask("sdpa", torch.arange(8)[None]) is None  # one sample: is_causal, no mask
+    assert isinstance(mask("flex_attention", two), BlockMask)
+    assert mask("flash_attention_2", two) is None
+
+
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """FlexAttention and its block mask without the torch.compile that transformers applies to both: compiling them
+    takes about 20 s per shape on this CPU, and the CPU's compiled kernel is not the GPU's Triton one anyway; torch's
+    eager FlexAttention computes the same attention under the same block mask (the device check runs the compiled
+    one). Only the compile step is replaced."""
+    from torch.nn.attention import flex_attention as torch_flex
+    from transformers import masking_utils
+    from transformers.integrations import flex_attention as hf_flex
+
+    def eager_attention(query, key, value, training=False, **kwargs):
+        return torch_flex.flex_attention(query, key, value, **kwargs)
+
+    def eager_block_mask(*args, _compile=False, **kwargs):
+        return torch_flex.create_block_mask(*args, _compile=False, **kwargs)
+
+    monkeypatch.setattr(hf_flex, "compile_friendly_flex_attention", eager_attention)
+    monkeypatch.setattr(masking_utils, "create_block_mask", eager_block_mask)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "flex_attention"])
+def test_teacher_logprobs_packed_equal_unpacked(tiny_model_dir, gen, eager_flex, attention):
+    """The teacher's scores of samples packed into one row equal those of each sample in a row of its own (one-sample
+    rows: plain causal attention, no mask), through ``parallel.attention`` (FlexAttention: forward only on the CPU)."""
+    from actfirst.train.teacher import TeacherScorer
+
+    model = Qwen3ForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    samples = random_samples(gen, 4, model.config.vocab_size, max_context=30, max_response=12, scored=False)
+    alone = [dataclasses.replace(s) for s in samples]
+    packed_scorer = TeacherScorer(model, micro_batch_tokens=10_000, device="cpu", attention=attention)
+    assert model.config._attn_implementation == attention
+    packed_scorer.score(samples)
+    TeacherScorer(model, micro_batch_tokens=1, device="cpu", attention="sdpa").score(alone)
+    for s, a in zip(samples, alone, strict=True):
+        torch.testing.assert_close(torch.tensor(s.teacher_logprobs), torch.tensor(a.teacher_logprobs),
+                                   atol=2e-5, rtol=0)
+
+
+def test_attention_choice_and_refusals(tmp_path):
+    from actfirst.config import TrainConfig
+    from actfirst.schema import load_config, paths_unchecked
+    from actfirst.train.packing import attention_implementation
+    from actfirst.user_input import ConfigError
+
+    bf16, f32 = torch.bfloat16, torch.float32
+    gpu = torch.device("cuda", 0)
+    assert attention_implementation("auto", "cpu", bf16, backward=True) == "sdpa"
+    flash = importlib.util.find_spec("flash_attn") is not None
+    assert attention_implementation("auto", gpu, bf16, backward=True) == ("flash_attention_2" if flash else
+                                                                          "flex_attention")
+    assert attention_implementation("auto", gpu, f32, backward=True) == "flex_attention"  # flash-attn: 16-bit only
+    assert attention_implementation("flex_attention", "cpu", f32, backward=False) == "flex_attention"  # the teacher
+    with pytest.raises(ConfigError, match=r"^parallel.attention='flex_attention': .*no FlexAttention backward"):
+        attention_implementation("flex_attention", "cpu", f32, backward=True)
+    with pytest.raises(ConfigError, match=r"^parallel.attention='flash_attention_2': "):
+        attention_implementation("flash_attention_2", "cpu", bf16, backward=False)
+    with pytest.raises(ConfigError, match=r"^parallel.attention='flash_attention_2': "):
+        attention_implementation("flash_attention_2", gpu, f32, backward=False)
+    demo = Path(__file__).parents[2] / "configs" / "demo" / "scienceworld_lifespan.yaml"
+    with paths_unchecked():
+        assert load_config(TrainConfig, demo).parallel.attention == "auto"
+        with pytest.raises(ConfigError, match=r"^parallel.attention='dense': must be one of \['auto', "):
+            load_config(TrainConfig, demo, ["parallel.attention=dense"])
