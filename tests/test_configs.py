@@ -10,6 +10,7 @@ import yaml
 
 from actfirst.config import ConfigError, ModelConfig, RolloutSpeedupConfig, TrainConfig
 from actfirst.envs.benchmarks import BENCHMARKS as REGISTRY
+from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.rollout.strategies import STRATEGIES
@@ -238,6 +239,9 @@ def test_method_configs(path, paths):
         assert cfg.env is None or cfg.env.max_turns == {"alfworld": 50, "webshop": 15,
                                                         "search": 8}[cfg.benchmark]
         assert cfg.loss.aggregation == "token_mean" and cfg.batch == "rollout"  # D.3, Sec. 5.1
+        if cfg.benchmark == "webshop":  # D.1: the 1,000-product catalog, 6,410 / 128 instructions
+            assert (cfg.env.product_file, cfg.env.num_products) == ("items_shuffle_1000.json", 1000)
+            assert [len(get_benchmark("webshop", cfg.env).tasks(s)) for s in ("train", "eval")] == [6410, 128]
     else:
         assert cfg.loss.aggregation == "seq_mean_token_mean" and cfg.batch == "turns"  # 000's Eq. 32, Sec. 5.1
     if strategy == "uopd":  # D.4's schedules per student size; Search's signal is the other one 003 defines

@@ -10,6 +10,8 @@ import asyncio
 import builtins
 import importlib.util
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -24,8 +26,6 @@ from actfirst.envs.webshop.checks import (
 )
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.webshop.env import (
-    EVAL_GOALS,
-    TRAIN_GOALS,
     WebShopGoal,
     WebShopTask,
     WebShopTextEnv,
@@ -42,6 +42,7 @@ from actfirst.envs.workers import EnvPool
 from actfirst.reference_cache import load_references, replay, transition_config
 from actfirst.user_input import ConfigError
 
+POOLS = Path(__file__).resolve().parents[2] / "configs" / "envs" / "webshop"
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
 needs_webshop = pytest.mark.skipif(not WEBSHOP_INSTALLED,
                                    reason="WebShop is not installed (its code and data are not on PyPI)")
@@ -286,7 +287,7 @@ def test_oracle_solutions_replay_to_a_purchase():
 
 def test_splits_and_missing_install(monkeypatch):
     assert len(webshop_split("train")) == 4096 and webshop_split("eval")[0].goal_idx == 4096
-    assert len(TRAIN_GOALS) + len(EVAL_GOALS) == 4196
+    assert len(webshop_split("eval")) == 100
     with pytest.raises(ValueError, match="split='test'"):
         webshop_split("test")
     real_import = builtins.__import__
@@ -299,3 +300,29 @@ def test_splits_and_missing_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_webshop)
     with pytest.raises(ImportError, match="git clone https://github.com/princeton-nlp/WebShop"):
         WebShopTextEnv()
+
+
+def test_003_goal_pools_are_selected_by_file(tmp_path):
+    """D.1: the pools of the shipped files (6,410 training goals, 128 test goals disjoint from them) reach the
+    splits; a pool file's errors and an overlap name the key, the file and the line."""
+    config = WebShopConfig(product_file="items_shuffle_1000.json", attribute_file="items_ins_v2_1000.json",
+                           num_products=1000, train_goals=str(POOLS / "003-train.txt"),
+                           eval_goals=str(POOLS / "003-test-128.txt"))
+    train, test = webshop_split("train", config), webshop_split("eval", config)
+    assert len(train) == 6410 and (train[0].goal_idx, train[-1].goal_idx) == (500, 6909)
+    assert [t.goal_idx for t in test] == list(range(128))
+    bench = get_benchmark("webshop", config)
+    assert bench.tasks("train") == train and bench.tasks("eval") == test
+    pool = tmp_path / "pool.txt"
+    for text, message in [("# nothing\n", "holds no goal index"), ("3\nseven\n", "line 2 ('seven')"),
+                          ("9-4\n", "line 1 ('9-4') is an empty range"), ("1-3\n2\n", "goal 2 is listed twice")]:
+        pool.write_text(text)
+        with pytest.raises(ConfigError, match=re.escape(message)) as e:
+            WebShopConfig(train_goals=str(pool))
+        assert "train_goals=" in str(e.value)
+        print(e.value)
+    with pytest.raises(ConfigError, match="no such file"):
+        WebShopConfig(eval_goals=str(tmp_path / "missing.txt"))
+    pool.write_text("4100-4110\n")  # inside C.1's evaluation goals
+    with pytest.raises(ConfigError, match=r"eval_goals=None: shares 11 goals with train_goals"):
+        WebShopConfig(train_goals=str(pool))

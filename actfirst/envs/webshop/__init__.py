@@ -18,7 +18,7 @@ from actfirst.envs.webshop.prompts import TEMPLATES
 
 @register_benchmark
 class WebShopBenchmark(Benchmark):
-    """WebShop (C.1): text interface, goals 0-4095 train and 4096-4195 evaluation."""
+    """WebShop (C.1): text interface, goals 0-4095 train and 4096-4195 evaluation (or the config's goal pools)."""
 
     name = "webshop"
     config_class = WebShopConfig
@@ -69,7 +69,7 @@ class WebShopBenchmark(Benchmark):
     def _tasks(self, split: str) -> list:
         from actfirst.envs.webshop.env import webshop_split
 
-        return webshop_split(split)
+        return webshop_split(split, self.config)
 
     def accepts_reference(self, final: Outcome) -> bool:
         """Any purchase with a positive score: C.2 ranks WebShop candidates by score, so a partial score may be

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from actfirst.schema import check
+from actfirst.envs.webshop.goals import goal_pool
+from actfirst.schema import check, paths_checked
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class WebShopConfig:
-    """WebShop as Appendix C.1 sets it up (goals 0-4095 train, 4096-4195 evaluation; 15-turn limit)."""
+    """WebShop as Appendix C.1 sets it up (goals 0-4095 train, 4096-4195 evaluation; 15-turn limit), or 003's D.1
+    (the 1,000-product catalog, goal pools by file)."""
 
     max_turns: int = 15
     product_file: str = "items_shuffle.json"
@@ -24,9 +26,22 @@ class WebShopConfig:
     """Use only the first N products of ``product_file`` (None: all of them, as C.1 does). WebShop has search
     indexes for 100, 1000 and 100000 only."""
 
+    train_goals: str | None = None
+    """The training goal pool: a file of goal indices (``actfirst.envs.webshop.goals``), or None for C.1's goals
+    0-4095. 003's pool of 6,410 instructions (D.1, with the 1,000-product catalog):
+    ``configs/envs/webshop/003-train.txt``."""
+    eval_goals: str | None = None
+    """The evaluation goal pool, disjoint from ``train_goals``: a file, or None for C.1's goals 4096-4195. 003's 128
+    test instructions (D.1): ``configs/envs/webshop/003-test-128.txt``."""
+
     def __post_init__(self) -> None:
         check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
         for key in ("product_file", "attribute_file"):
             check(bool(getattr(self, key).strip()), key, getattr(self, key), "must name a file")
         check(self.num_products in (None, 100, 1000, 100000), "num_products", self.num_products,
                "must be null (all of product_file) or one of WebShop's index sizes 100, 1000, 100000")
+        if paths_checked():
+            train = set(goal_pool("train", self.train_goals, "train_goals"))
+            shared = sorted(train.intersection(goal_pool("eval", self.eval_goals, "eval_goals")))
+            check(not shared, "eval_goals", self.eval_goals, f"shares {len(shared)} goals with train_goals "
+                  f"(first: {shared[:3]}); evaluation goals must be disjoint from the training pool")

@@ -5,7 +5,8 @@ WebShop's code and data are not on PyPI (the PyPI package is an empty stub), so 
 (``WebAgentTextEnv``, observation mode "text": page elements joined by " [SEP] ") with ``search[...]`` and
 ``click[...]`` actions, the available-actions dictionary (``has_search_bar``, ``clickables``) and the score page. The
 paper's setting (C.1): the full product catalog (``WebShopConfig.product_file``), goal ids 0-4095 train and
-4096-4195 evaluation, goal-construction seed 233; a 15-turn limit; score = the purchase reward x 100 (0 without a
+4096-4195 evaluation (or the pools of ``train_goals`` / ``eval_goals``: ``actfirst.envs.webshop.goals``),
+goal-construction seed 233; a 15-turn limit; score = the purchase reward x 100 (0 without a
 purchase); success = score >= 99.999.
 
 C.2's oracle solutions are built from a goal by plain functions (``oracle_query``, ``oracle_actions``) on a
@@ -22,10 +23,9 @@ from pathlib import Path
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.webshop.checks import webshop_action_valid
 from actfirst.envs.webshop.config import WebShopConfig
+from actfirst.envs.webshop.goals import goal_pool
 from actfirst.user_input import ConfigError
 
-TRAIN_GOALS = range(0, 4096)
-EVAL_GOALS = range(4096, 4196)
 SUCCESS_SCORE = 99.999
 GOAL_SEED = 233
 """C.1: "The goal-construction seed is fixed at 233"."""
@@ -64,12 +64,12 @@ class WebShopGoal:
     """The product's options: name -> values, as its page offers them (lowercased, "/" written " | ")."""
 
 
-def webshop_split(split: str) -> list[WebShopTask]:
-    """The paper's custom split: "train" goals 0-4095, "eval" goals 4096-4195."""
-    goals = {"train": TRAIN_GOALS, "eval": EVAL_GOALS}
-    if split not in goals:
-        raise ValueError(f"split={split!r}: not one of {sorted(goals)}")
-    return [WebShopTask(i) for i in goals[split]]
+def webshop_split(split: str, config: WebShopConfig | None = None) -> list[WebShopTask]:
+    """The goals of ``split``: ``config``'s pool files (``train_goals``, ``eval_goals``), or C.1's custom split
+    ("train" goals 0-4095, "eval" goals 4096-4195)."""
+    config = WebShopConfig() if config is None else config
+    file, key = (config.train_goals, "train_goals") if split == "train" else (config.eval_goals, "eval_goals")
+    return [WebShopTask(i) for i in goal_pool(split, file, key)]
 
 
 def instruction_of(observation: str) -> str:
@@ -171,6 +171,7 @@ class WebShopTextEnv(TextEnv):
         engine.DEFAULT_ATTR_PATH = str(catalog_path(data_dir, config.attribute_file, "attribute_file"))
         self.max_turns = config.max_turns
         self.num_products = config.num_products
+        self.product_file = config.product_file
         # WebShop draws product prices and the goals' price caps from `random` before it seeds 233 for the goal
         # shuffle; seeding first makes every worker and every run build the same goals (C.1: seed 233).
         random.seed(GOAL_SEED)
@@ -182,6 +183,10 @@ class WebShopTextEnv(TextEnv):
         self._instruction = ""
 
     def reset(self, task: WebShopTask) -> Transition:
+        goals = len(self._env.server.goals)
+        if not 0 <= task.goal_idx < goals:
+            raise ConfigError(f"goal {task.goal_idx} (env.train_goals / env.eval_goals) is outside the {goals} goals "
+                              f"WebShop built from product_file={self.product_file!r}")
         observation, _ = self._env.reset(session=task.goal_idx)
         self._turn, self._score = 0, 0.0
         self._instruction = instruction_of(observation)
