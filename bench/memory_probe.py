@@ -121,6 +121,7 @@ def probe(args: argparse.Namespace) -> dict:
               "args": vars(args), "cases": []}
     print(HEADER, flush=True)
     started, todo = time.perf_counter(), cases(args)
+    dtype = torch.bfloat16 if ctx.device.type == "cuda" else torch.float32  # the student's compute dtype
     model_key, updater = None, None
     for i, (shape, ckpt, samples, attention) in enumerate(todo):
         c = {"shape": shape, "checkpointing": ckpt, "samples": samples, "attention": attention,
@@ -134,12 +135,12 @@ def probe(args: argparse.Namespace) -> dict:
                 gc.collect()
                 if ctx.device.type == "cuda":
                     torch.cuda.empty_cache()
-                policy = student(shape, compute_dtype=torch.bfloat16 if ctx.device.type == "cuda" else torch.float32,
-                                 attention=attention, activation_checkpointing=ckpt, ctx=ctx, seed=args.seed)
+                policy = student(shape, compute_dtype=dtype, attention=attention, activation_checkpointing=ckpt,
+                                 ctx=ctx, seed=args.seed)
                 updater = StudentUpdater(policy, optim=OptimConfig(lr=1e-6), loss=LossConfig(), temperature=1.0,
                                          num_updates=2 * len(todo), micro_batch_tokens=args.tokens)
                 model_key = (shape, ckpt)
-            set_attention(updater.policy.model, attention)
+            set_attention(updater.policy.model, attention, dtype)
             c.update(run_case(updater, meter, row_samples(c["tokens"], samples, SHAPES[shape][6], args.seed)))
         result["cases"].append(c)
         write_atomically(args.out, json.dumps(result, indent=1))

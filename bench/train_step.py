@@ -49,7 +49,8 @@ SHAPES = {
     "small": (128, 4, 4, 2, 32, 384, 2048, False),
 }
 
-ATTENTION = ("sdpa", "flex_attention", "flash_attention_2")  # MERGE(ac-attn): "auto" first, the default
+ATTENTION = ("auto", "sdpa", "flex_attention", "flash_attention_2")
+"""``parallel.attention``'s values (``actfirst.train.packing.attention_implementation``)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--teacher-placement", default="replicate", choices=["replicate", "shard"])
     parser.add_argument("--engine-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--sync-bucket-mb", type=int, default=1024)
-    parser.add_argument("--attention", default="sdpa", choices=ATTENTION,
+    parser.add_argument("--attention", default="auto", choices=ATTENTION,
                         help="student's and teacher's attention (sdpa: a dense mask on packed rows)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute each student block")
     parser.add_argument("--checkpoint-dir", default=None, help="save and load the trainer's checkpoint here")
@@ -162,17 +163,13 @@ class Meter:
         optimizer.register_step_post_hook(lambda *_: self.switch("fwd_bwd"))
 
 
-def set_attention(model: torch.nn.Module, attention: str) -> None:
-    """Run ``model`` (a Hugging Face causal LM) with the attention implementation ``attention``."""
-    model.set_attn_implementation(attention)  # MERGE(ac-attn): attention_implementation(...) from train/packing.py
+def set_attention(model: torch.nn.Module, attention: str, compute_dtype: torch.dtype) -> None:
+    """Run the student ``model`` (a Hugging Face causal LM) with what ``parallel.attention`` = ``attention`` means
+    on its device for a forward and backward in ``compute_dtype``, as the trainer does."""
+    from actfirst.train.packing import attention_implementation
 
-
-def checkpoint_blocks(policy: torch.nn.Module) -> None:
-    """Activation checkpointing on each decoder block of ``policy`` (an LMHeadModel), before FSDP2."""
-    from torch.distributed._composable import checkpoint  # MERGE(ac-attn): apply_activation_checkpointing(policy,
-
-    for block in policy.blocks:  # policy.blocks) from actfirst.parallel.checkpointing replaces these three lines
-        checkpoint(block)
+    device = next(model.parameters()).device
+    model.set_attn_implementation(attention_implementation(attention, device, compute_dtype, backward=True))
 
 
 def student(shape: str, *, compute_dtype: torch.dtype, attention: str, activation_checkpointing: bool,
@@ -183,11 +180,13 @@ def student(shape: str, *, compute_dtype: torch.dtype, attention: str, activatio
     from actfirst.parallel.fsdp import apply_fsdp
     from actfirst.train.head import LMHeadModel
 
+    from actfirst.parallel.checkpointing import apply_activation_checkpointing
+
     policy = LMHeadModel(qwen3(shape, torch.float32, ctx.device, seed))
-    set_attention(policy.model, attention)
+    set_attention(policy.model, attention, compute_dtype)
     policy.model.train()
     if activation_checkpointing:
-        checkpoint_blocks(policy)
+        apply_activation_checkpointing(policy, policy.blocks)
     apply_fsdp(policy, policy.blocks, ctx.mesh, param_dtype=compute_dtype)
     return policy
 
@@ -210,8 +209,8 @@ def run_rank(args: argparse.Namespace) -> dict | None:
     meter = Meter(ctx.device)
     meter.switch("build")
     teacher_model = qwen3(args.teacher, DTYPES[args.teacher_dtype], ctx.device, args.seed + 1)
-    set_attention(teacher_model, args.attention)
-    teacher = TeacherScorer(teacher_model, micro_batch_tokens=args.micro_batch_tokens, device=ctx.device,
+    teacher = TeacherScorer(teacher_model, attention=args.attention, micro_batch_tokens=args.micro_batch_tokens,
+                            device=ctx.device,
                             shard=ctx if args.teacher_placement == "shard" else None, name=args.teacher)
     policy = student(args.student, compute_dtype=DTYPES[args.compute_dtype], attention=args.attention,
                      activation_checkpointing=args.activation_checkpointing, ctx=ctx, seed=args.seed)
