@@ -47,7 +47,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from actfirst.config import ConfigError, TrainConfig, check_resumable
@@ -60,6 +60,7 @@ from actfirst.evaluation import merge_reports, run_evaluation
 from actfirst.files import write_atomically
 from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
+from actfirst.models.loading import empty_model, load_weights
 from actfirst.parallel.context import (
     ParallelContext,
     all_gather_objects,
@@ -254,10 +255,11 @@ class Trainer:
         self.teacher = TeacherScorer.load(cfg.teacher, student_tokenizer=self.tokenizer, dtype=cfg.teacher_dtype,
                                           micro_batch_tokens=cfg.micro_batch_tokens, device=ctx.device,
                                           shard=ctx if cfg.parallel.teacher == "shard" else None)
-        student = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)  # the master weights
+        student = empty_model(self.model_dir, torch.float32)  # the master weights, on the meta device
         student.train()
         self.policy = LMHeadModel(student)
         apply_fsdp(self.policy, self.policy.blocks, ctx.mesh, param_dtype=_DTYPES[cfg.parallel.compute_dtype])
+        load_weights(student, self.model_dir, ctx.device)  # this rank's shard only, from the safetensors files
         self.updater = StudentUpdater(self.policy, optim=cfg.optim, loss=cfg.loss, temperature=cfg.rollout.temperature,
                                       num_updates=cfg.num_updates, num_minibatches=cfg.num_minibatches,
                                       micro_batch_tokens=cfg.micro_batch_tokens)
