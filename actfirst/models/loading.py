@@ -19,6 +19,8 @@ device, sharded once and filled once, under whichever of their names the checkpo
 from __future__ import annotations
 
 import json
+import resource
+import sys
 from collections import defaultdict
 from pathlib import Path
 
@@ -162,3 +164,15 @@ def local_shape_and_offset(global_shape: tuple[int, ...], coordinate: list[int],
         elif not isinstance(placement, Replicate):
             raise WeightsError(f"placement {placement!r}: only Shard and Replicate are loaded from safetensors")
     return tuple(shape), tuple(offset)
+
+
+def host_peak_gib() -> float:
+    """This process's peak resident host memory so far, in GiB: Linux's ``VmHWM`` (``/proc/self/status``), elsewhere
+    ``ru_maxrss``."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 2**20  # kB
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # bytes on macOS, KiB elsewhere

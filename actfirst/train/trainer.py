@@ -60,7 +60,7 @@ from actfirst.evaluation import merge_reports, run_evaluation
 from actfirst.files import write_atomically
 from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
-from actfirst.models.loading import empty_model, load_weights
+from actfirst.models.loading import empty_model, host_peak_gib, load_weights
 from actfirst.parallel.context import (
     ParallelContext,
     all_gather_objects,
@@ -252,6 +252,7 @@ class Trainer:
     def _build_models(self) -> None:
         """The frozen teacher (its tokenizer checked first) and the student's FSDP2 shard with its updater."""
         cfg, ctx = self.cfg, self.ctx
+        host_before = host_peak_gib()
         self.teacher = TeacherScorer.load(cfg.teacher, student_tokenizer=self.tokenizer, dtype=cfg.teacher_dtype,
                                           micro_batch_tokens=cfg.micro_batch_tokens, device=ctx.device,
                                           shard=ctx if cfg.parallel.teacher == "shard" else None)
@@ -263,6 +264,8 @@ class Trainer:
         self.updater = StudentUpdater(self.policy, optim=cfg.optim, loss=cfg.loss, temperature=cfg.rollout.temperature,
                                       num_updates=cfg.num_updates, num_minibatches=cfg.num_minibatches,
                                       micro_batch_tokens=cfg.micro_batch_tokens)
+        print(f"[rank {ctx.rank}] models built: host memory peak {host_peak_gib():.3f} GiB (VmHWM; "
+              f"{host_before:.3f} before them)", flush=True)
 
     def _build_intervention(self) -> None:
         """UOPD: the teacher's in-process engine beside the student's, and the rule that calls it."""
