@@ -14,9 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from actfirst.kernels.dispatch import logprob_gather
+from actfirst.models.loading import empty_model, load_weights
 from actfirst.models.tokenizers import check_same_tokenizer
 from actfirst.parallel.context import ParallelContext
 from actfirst.parallel.fsdp import apply_fsdp
@@ -38,9 +39,10 @@ class TeacherScorer:
     def __init__(self, model: torch.nn.Module, *, micro_batch_tokens: int = 8192,
                  device: str | torch.device | None = None, shard: ParallelContext | None = None,
                  name: str = "teacher", attention: str = "auto") -> None:
-        """``model``: a Hugging Face causal LM. ``shard``: FSDP2-shard it over that context's ranks (every rank must
-        then score together); None: a whole copy on ``device`` (default: the GPU when there is one). ``name`` is
-        what errors call it (its directory); ``attention`` is ``parallel.attention`` (packed rows' attention)."""
+        """``model``: a Hugging Face causal LM (or one on the meta device, which :meth:`load` fills). ``shard``:
+        FSDP2-shard it over that context's ranks (every rank must then score together); None: a whole copy on
+        ``device`` (default: the GPU when there is one). ``name`` is what errors call it (its directory);
+        ``attention`` is ``parallel.attention`` (packed rows' attention)."""
         if micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens={micro_batch_tokens!r}: must be >= 1")
         self.model_dir = name
@@ -55,7 +57,7 @@ class TeacherScorer:
         self.head = LMHeadModel(model)
         if shard is not None:
             apply_fsdp(self.head, self.head.blocks, shard.mesh)
-        else:
+        elif self.head.model.device.type != "meta":  # (one on the meta device: ``load`` fills it there)
             self.head.to(self.device)
 
     @classmethod
@@ -69,8 +71,9 @@ class TeacherScorer:
         student_tok, student_name = _load_tokenizer(student_tokenizer)
         teacher_tok, _ = _load_tokenizer(model_dir)
         check_same_tokenizer(student_tok, teacher_tok, student_name=student_name, teacher_name=str(model_dir))
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
-        return cls(model, name=str(model_dir), **kwargs)
+        scorer = cls(empty_model(model_dir, getattr(torch, dtype)), name=str(model_dir), **kwargs)
+        load_weights(scorer.head.model, model_dir, scorer.device)  # sharded: this rank's shard only
+        return scorer
 
     @torch.no_grad()
     def score(self, samples: list[Sample]) -> None:

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
 from actfirst.config import ConfigError, TrainConfig, check_resumable
@@ -61,6 +61,7 @@ from actfirst.evaluation import merge_reports, run_evaluation
 from actfirst.files import write_atomically
 from actfirst.kernels.dispatch import last_path
 from actfirst.logs import route_vllm_logs
+from actfirst.models.loading import empty_model, host_peak_gib, load_weights
 from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.parallel.context import (
     ParallelContext,
@@ -256,20 +257,24 @@ class Trainer:
         cfg, ctx = self.cfg, self.ctx
         attention = attention_implementation(cfg.parallel.attention, ctx.device, _DTYPES[cfg.parallel.compute_dtype],
                                              backward=True)  # refused before anything loads
+        host_before = host_peak_gib()
         self.teacher = TeacherScorer.load(cfg.teacher, student_tokenizer=self.tokenizer, dtype=cfg.teacher_dtype,
                                           micro_batch_tokens=cfg.micro_batch_tokens, device=ctx.device,
                                           shard=ctx if cfg.parallel.teacher == "shard" else None,
                                           attention=cfg.parallel.attention)
-        student = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)  # the master weights
+        student = empty_model(self.model_dir, torch.float32)  # the master weights, on the meta device
         student.set_attn_implementation(attention)
         student.train()
         self.policy = LMHeadModel(student)
         if cfg.parallel.activation_checkpointing:  # before FSDP2 (see actfirst.parallel.checkpointing)
             apply_activation_checkpointing(self.policy, self.policy.blocks)
         apply_fsdp(self.policy, self.policy.blocks, ctx.mesh, param_dtype=_DTYPES[cfg.parallel.compute_dtype])
+        load_weights(student, self.model_dir, ctx.device)  # this rank's shard only, from the safetensors files
         self.updater = StudentUpdater(self.policy, optim=cfg.optim, loss=cfg.loss, temperature=cfg.rollout.temperature,
                                       num_updates=cfg.num_updates, num_minibatches=cfg.num_minibatches,
                                       micro_batch_tokens=cfg.micro_batch_tokens)
+        print(f"[rank {ctx.rank}] models built: host memory peak {host_peak_gib():.3f} GiB (VmHWM; "
+              f"{host_before:.3f} before them)", flush=True)
 
     def _build_intervention(self) -> None:
         """UOPD: the teacher's in-process engine beside the student's, and the rule that calls it."""
