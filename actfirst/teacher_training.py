@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from actfirst.kernels.dispatch import logprob_gather
+from actfirst.models.loading import empty_model, load_weights
 from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.parallel.context import ParallelContext, broadcast_object, init_parallel, reduce_sum
 from actfirst.parallel.fsdp import apply_fsdp, total_grad_norm
@@ -46,19 +47,20 @@ class TeacherTrainer:
     """This rank's model shard, optimizer and data plan."""
 
     def __init__(self, cfg: TeacherSFTConfig, ctx: ParallelContext, examples: Examples) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.cfg, self.ctx, self.examples = cfg, ctx, examples
         self.plan = batch_plan(examples.lengths, batch_tokens=cfg.batch_tokens, epochs=cfg.epochs, seed=cfg.seed)
         self.checkpoint = broadcast_object(latest_checkpoint(cfg.work_dir) if ctx.lead else None)  # one for all
         source = self.checkpoint or cfg.base_model
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)  # the master weights
+        model = empty_model(source, torch.float32)  # the master weights, on the meta device until sharded
         model.train()
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.base_model)
         self.policy = LMHeadModel(model)
         if cfg.activation_checkpointing:  # before FSDP2 (see actfirst.parallel.checkpointing)
             apply_activation_checkpointing(self.policy, self.policy.blocks)
         apply_fsdp(self.policy, self.policy.blocks, ctx.mesh, param_dtype=compute_dtype(cfg, ctx.device))
+        load_weights(model, source, ctx.device)  # this rank's shard only (actfirst.models.loading)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
