@@ -8,8 +8,13 @@ from pathlib import Path
 import pytest
 
 from actfirst.config import EngineConfig
-from actfirst.engine.llm import VLLM_VERSION, VLLMVersionError, _check_worker_reload, check_reload_signature, \
-    vllm_arguments
+from actfirst.engine.llm import (
+    VLLM_VERSION,
+    VLLMVersionError,
+    _check_worker_reload,
+    check_reload_signature,
+    vllm_arguments,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,9 +46,8 @@ def test_async_scheduling_stays_off_where_vllm_would_turn_it_on(tiny_model_dir, 
     from vllm.engine.arg_utils import EngineArgs
     from vllm.platforms import current_platform
 
-    platform = type(current_platform)
-    monkeypatch.setattr(platform, "check_and_update_config",
-                        _cpu_platform_keeping_async_scheduling_fault_injection(current_platform.check_and_update_config))
+    hook = _cpu_platform_keeping_async_scheduling_fault_injection(current_platform.check_and_update_config)
+    monkeypatch.setattr(type(current_platform), "check_and_update_config", hook)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     cfg = EngineConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=256, max_num_batched_tokens=256)
     ours = vllm_arguments(cfg, world_size=world_size, cuda=False)
