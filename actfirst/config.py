@@ -413,6 +413,11 @@ class ParallelConfig:
     peer_timeout_s: float = 30.0
     """With several ranks: a rank whose heartbeat has not moved for this long is taken as dead, and the others stop
     (``actfirst.parallel.watchdog``)."""
+    mesh: Literal["auto", "flat", "hybrid"] = "auto"
+    """The device mesh the student (and a sharded teacher) are split over: ``flat``, FSDP2 over every rank; ``hybrid``,
+    FSDP2 over the ranks of a node and a replica per node (HSDP: only the gradient all-reduce crosses nodes);
+    ``auto``, hybrid when the job spans several nodes (``WORLD_SIZE > LOCAL_WORLD_SIZE``), else flat
+    (``actfirst.parallel.context``; docs/parallel.md, "Several nodes")."""
 
     def __post_init__(self) -> None:
         check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")
