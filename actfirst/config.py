@@ -407,7 +407,8 @@ class ParallelConfig:
     whatever this says (AdamW's ~1e-6 steps would round away in bfloat16 weights)."""
     teacher: Literal["replicate", "shard"] = "replicate"
     """The frozen teacher: a whole copy on every rank (scoring needs no communication), or FSDP2-sharded over the
-    ranks (each holds 1/N of it; every scoring forward all-gathers one block at a time)."""
+    ranks (each holds 1/N of it; every scoring forward all-gathers one block at a time), N a node's ranks when
+    ``mesh`` is hybrid."""
     sync_bucket_mb: int = 1024
     """Weight sync: the most the gathered full parameters (in the engine's dtype) take at once, in MiB."""
     peer_timeout_s: float = 30.0

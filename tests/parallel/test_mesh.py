@@ -7,18 +7,18 @@ all-gathers stay inside a node; DCP checkpoints written on either mesh load on t
 import dataclasses
 import sys
 from pathlib import Path
-from typing import get_args, get_type_hints
+from typing import Self, get_args, get_type_hints
 
 import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
-from train_helpers import random_samples, spawn_ranks  # noqa: E402
+from train_helpers import random_samples, spawn_ranks
 
-from actfirst.config import ParallelConfig, TrainConfig  # noqa: E402
-from actfirst.parallel.context import MESHES, mesh_shape  # noqa: E402
-from actfirst.schema import load_config, paths_unchecked  # noqa: E402
-from actfirst.user_input import ConfigError  # noqa: E402
+from actfirst.config import ParallelConfig, TrainConfig
+from actfirst.parallel.context import MESHES, mesh_shape
+from actfirst.schema import load_config, paths_unchecked
+from actfirst.user_input import ConfigError
 
 NODES, PER_NODE = 2, 2
 ADAM_LR = 1e-3
@@ -43,7 +43,7 @@ class CollectiveLog:
         self.calls: list[tuple[str, tuple[int, ...], int]] = []
         self._mode = None
 
-    def __enter__(self) -> "CollectiveLog":
+    def __enter__(self) -> Self:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         log = self
@@ -229,7 +229,8 @@ def test_only_gradient_all_reduces_and_metric_sums_cross_nodes(runs):
         flat = r["flat"]["step"]
         assert any("allgather" in op and len(ranks) == 4 for op, ranks, _ in flat)
         across = [sum(n for _, ranks, n in calls if not _inside_a_node(ranks)) for calls in (step, flat)]
-    print(f"elements sent to collectives that span nodes in one update, rank 3: hybrid {across[0]}, flat {across[1]}")
+    print(f"output elements of the collectives that span nodes in one update, rank 3: hybrid {across[0]}, "
+          f"flat {across[1]}")
 
 
 def test_weight_sync_gather_stays_inside_a_node(runs):
