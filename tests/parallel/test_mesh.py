@@ -28,7 +28,8 @@ reduce-scatter over 2 then an all-reduce over 2, against one reduce-scatter over
 GRAD_RTOL = 1e-5
 """Gradients: relative to the largest entry of their tensor."""
 METRIC_NUMEL = 16
-"""A collective over every rank in the step carries the update's metric sums (a few floats), never a tensor."""
+"""A collective over every rank in the step carries a few numbers (the update's metric sums), never parameters or
+gradients."""
 
 
 def _node(rank: int) -> int:
@@ -36,8 +37,9 @@ def _node(rank: int) -> int:
 
 
 class CollectiveLog:
-    """Every collective this rank runs inside the ``with`` block, as (op, ranks of its group, elements): a
-    TorchDispatchMode that only looks (c10d ops name their ProcessGroup, functional ones its registered name)."""
+    """Every collective this rank runs inside the ``with`` block, as (op, ranks of its group, elements of its first
+    tensor argument: the output of c10d's ops, the input of the functional ones): a TorchDispatchMode that only looks
+    (c10d ops take their ProcessGroup, functional ones its registered name)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[int, ...], int]] = []
@@ -73,11 +75,8 @@ def _describe(func, args) -> tuple[str, tuple[int, ...], int]:
             numel = numel or a.numel()
         elif isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
             numel = numel or sum(t.numel() for t in a)
-        elif isinstance(a, torch.ScriptObject) and group is None:
-            try:
-                group = dist.ProcessGroup.unbox(a)
-            except RuntimeError:  # the ReduceOp argument
-                pass
+        elif isinstance(a, torch.ScriptObject) and a._type().qualified_name().endswith(".c10d.ProcessGroup"):
+            group = dist.ProcessGroup.unbox(a)
         elif isinstance(a, str) and group is None:
             group = _resolve_process_group(a)
     return str(func.name()).split("::")[-1], tuple(dist.get_process_group_ranks(group)), numel
