@@ -2,7 +2,8 @@
 LOCAL_WORLD_SIZE=2), the tiny real Qwen3 student under FSDP2. On the hybrid mesh (replicate across nodes, shard
 within) one update gives the flat mesh's loss, gradients and weights; the only collectives that cross nodes are the
 gradient all-reduces between replicas and the step's few metric sums; the weight-sync gather and a sharded teacher's
-all-gathers stay inside a node; DCP checkpoints written on either mesh load on the other."""
+all-gathers stay inside a node; DCP checkpoints written on either mesh load on the other (the hybrid one on one rank
+too)."""
 
 import dataclasses
 import sys
@@ -27,6 +28,8 @@ PARAM_ATOL = 2e-6
 reduce-scatter over 2 then an all-reduce over 2, against one reduce-scatter over 4; 0.2% of an AdamW step)."""
 GRAD_RTOL = 1e-5
 """Gradients: relative to the largest entry of their tensor."""
+LATEST = "checkpoints/update_000001"
+"""The one training checkpoint each run writes, under its out_dir."""
 METRIC_NUMEL = 16
 """A collective over every rank in the step carries a few numbers (the update's metric sums), never parameters or
 gradients."""
@@ -164,10 +167,16 @@ def mesh_rank(model_dir, shards, unscored, out_dir):
     for name, ctx in (("hybrid", hybrid), ("flat", flat)):
         out[name] = _update(model_dir, ctx, samples, total, f"{out_dir}/{name}")
         out[name]["teacher"] = _teacher(model_dir, ctx, [dataclasses.replace(s) for s in unscored[hybrid.rank]])
-    latest = "checkpoints/update_000001"
-    out["hybrid_on_flat"] = _load(model_dir, flat, f"{out_dir}/hybrid/{latest}")
-    out["flat_on_hybrid"] = _load(model_dir, hybrid, f"{out_dir}/flat/{latest}")
+    out["hybrid_on_flat"] = _load(model_dir, flat, f"{out_dir}/hybrid/{LATEST}")
+    out["flat_on_hybrid"] = _load(model_dir, hybrid, f"{out_dir}/flat/{LATEST}")
     return out
+
+
+def one_rank_load(model_dir, checkpoint):
+    """A job of one rank resumes from the 4-rank hybrid checkpoint: the optimizer state, and the saved ranks."""
+    from actfirst.parallel.context import init_parallel
+
+    return _load(model_dir, init_parallel(), checkpoint)
 
 
 def _inside_a_node(ranks: tuple[int, ...]) -> bool:
@@ -175,7 +184,14 @@ def _inside_a_node(ranks: tuple[int, ...]) -> bool:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, tmp_path_factory):
+def runs(loads):
+    """The 4 ranks' results."""
+    return loads[:-1]
+
+
+@pytest.fixture(scope="module")
+def loads(tiny_model_dir, tmp_path_factory):
+    """The 4 ranks' results, then the optimizer state of the hybrid checkpoint loaded by one rank."""
     from transformers import AutoConfig
 
     vocab_size = AutoConfig.from_pretrained(tiny_model_dir).vocab_size
@@ -185,8 +201,10 @@ def runs(tiny_model_dir, tmp_path_factory):
     shards = [batch[r::4] for r in range(4)]
     teacher_shards = [unscored[:3], unscored[3:5], unscored[5:6], unscored[6:]]  # unequal: padding micro-batches
     out = tmp_path_factory.mktemp("mesh")
-    return spawn_ranks(mesh_rank, NODES * PER_NODE, str(tiny_model_dir), shards, teacher_shards, str(out),
-                       ranks_per_node=PER_NODE)
+    ranks = spawn_ranks(mesh_rank, NODES * PER_NODE, str(tiny_model_dir), shards, teacher_shards, str(out),
+                        ranks_per_node=PER_NODE)
+    one, = spawn_ranks(one_rank_load, 1, str(tiny_model_dir), str(out / "hybrid" / LATEST))
+    return [*ranks, one]
 
 
 def test_auto_is_hybrid_across_nodes(runs):
@@ -253,9 +271,10 @@ def test_sharded_teacher_gathers_inside_a_node_and_scores_as_on_flat(runs):
         assert all(op == "allreduce_" and n <= METRIC_NUMEL for op, _, n in hybrid_calls if "allgather" not in op)
 
 
-def test_checkpoints_load_on_the_other_mesh(runs):
+def test_checkpoints_load_on_the_other_mesh_and_on_one_rank(runs, loads):
     for r in runs:
-        for saved, loaded in ((r["hybrid"]["optim"], r["hybrid_on_flat"]), (r["flat"]["optim"], r["flat_on_hybrid"])):
+        for saved, loaded in ((r["hybrid"]["optim"], r["hybrid_on_flat"]), (r["flat"]["optim"], r["flat_on_hybrid"]),
+                              (r["hybrid"]["optim"], loads[-1])):
             assert saved.keys() == loaded.keys()
             for name, state in saved.items():
                 for key, value in state.items():
