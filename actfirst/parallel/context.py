@@ -80,6 +80,7 @@ def init_parallel(timeout_s: float = 1800.0, mesh: MeshKind = "auto") -> Paralle
         per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun's --nproc-per-node
     else:
         rank, world, local, per_node = 0, 1, 0, 1
+    shape = mesh_shape(mesh, rank=rank, world=world, local=local, per_node=per_node)  # refused before joining
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -96,7 +97,6 @@ def init_parallel(timeout_s: float = 1800.0, mesh: MeshKind = "auto") -> Paralle
                            f"WORLD_SIZE={world}")
     if dist.get_backend() != "gloo":
         _CPU_GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    shape = mesh_shape(mesh, rank=rank, world=world, local=local, per_node=per_node)
     names = (REPLICATE_DIM, SHARD_DIM) if len(shape) == 2 else (SHARD_DIM,)
     device_mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
     return ParallelContext(rank=rank, world_size=world, device=device, mesh=device_mesh)
