@@ -417,7 +417,8 @@ class ParallelConfig:
     whatever this says (AdamW's ~1e-6 steps would round away in bfloat16 weights)."""
     teacher: Literal["replicate", "shard"] = "replicate"
     """The frozen teacher: a whole copy on every rank (scoring needs no communication), or FSDP2-sharded over the
-    ranks (each holds 1/N of it; every scoring forward all-gathers one block at a time)."""
+    ranks (each holds 1/N of it; every scoring forward all-gathers one block at a time), N a node's ranks when
+    ``mesh`` is hybrid."""
     sync_bucket_mb: int = 1024
     """Weight sync: the most the gathered full parameters (in the engine's dtype) take at once, in MiB."""
     peer_timeout_s: float = 30.0
@@ -433,6 +434,11 @@ class ParallelConfig:
     the model computes in 16 bits, else FlexAttention's block mask on a GPU, else sdpa (the CPU: FlexAttention has no CPU backward). sdpa gives a row
     of several samples a dense [T x T] mask, and a [T x T] bias saved per layer for the backward: auto never picks it
     on a GPU. A named one that cannot run here is refused at start."""
+    mesh: Literal["auto", "flat", "hybrid"] = "auto"
+    """The device mesh the student (and a sharded teacher) are split over: ``flat``, FSDP2 over every rank; ``hybrid``,
+    FSDP2 over the ranks of a node and a replica per node (HSDP: only the gradient all-reduce crosses nodes);
+    ``auto``, hybrid when the job spans several nodes (``WORLD_SIZE > LOCAL_WORLD_SIZE``), else flat
+    (``actfirst.parallel.context``; docs/parallel.md, "Several nodes")."""
 
     def __post_init__(self) -> None:
         check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")

@@ -45,7 +45,7 @@ def run_rank(cfg: TrainConfig, *, resume: bool, config: str | None) -> int:
     from actfirst.parallel.watchdog import PeerWatch
     from actfirst.train.trainer import Trainer
 
-    ctx = init_parallel()
+    ctx = init_parallel(mesh=cfg.parallel.mesh)
     watch = PeerWatch(ctx.rank, ctx.world_size, timeout_s=cfg.parallel.peer_timeout_s).start() \
         if ctx.world_size > 1 else None
     try:

@@ -8,6 +8,12 @@ other way it is a world of one. The backend is gloo on the CPU and NCCL on GPUs;
 
 vLLM's in-process engine joins this world rather than making its own: with several ranks it runs under vLLM's
 ``external_launcher`` executor, tensor parallel 1, so every rank's engine generates on its own.
+
+The device mesh FSDP2 shards over (``parallel.mesh``): ``flat``, one dimension of every rank (``("shard",)``); or
+``hybrid``, two dimensions ``("replicate", "shard")``: the ranks of a node shard the model among themselves and each
+node holds a replica, so the all-gathers and reduce-scatters stay inside a node and only the gradient all-reduce
+between replicas crosses nodes (FSDP2's HSDP). ``auto`` is hybrid when the job spans more than one node
+(``WORLD_SIZE > LOCAL_WORLD_SIZE``), else flat.
 """
 
 from __future__ import annotations
@@ -16,17 +22,27 @@ import contextlib
 import dataclasses
 import datetime
 import os
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from actfirst.user_input import ConfigError
 
 _CPU_GROUP: Any = None
 """The gloo group of every rank that the helpers below use (None: the default group, gloo already)."""
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 """What torchrun (and the elastic launcher behind ``python -m actfirst.run``) sets for every rank."""
+
+MeshKind = Literal["auto", "flat", "hybrid"]
+"""The values of ``parallel.mesh`` (see the module docstring; ``ParallelConfig.mesh`` spells the same ones, without
+importing torch)."""
+MESHES = get_args(MeshKind)
+SHARD_DIM, REPLICATE_DIM = "shard", "replicate"
+"""The mesh's dimension names: FSDP2 shards over ``shard`` (a node's ranks); ``replicate`` (hybrid only) pairs the
+same shard on every node."""
 
 
 def launched_as_rank() -> bool:
@@ -43,7 +59,8 @@ class ParallelContext:
     device: torch.device
     """This rank's device: ``cuda:<LOCAL_RANK>`` on GPUs."""
     mesh: DeviceMesh
-    """The 1-D mesh FSDP2 shards over (every rank)."""
+    """The mesh FSDP2 shards over: 1-D ``("shard",)`` of every rank, or 2-D ``("replicate", "shard")`` of nodes x
+    ranks per node (``parallel.mesh``)."""
 
     @property
     def lead(self) -> bool:
@@ -51,16 +68,19 @@ class ParallelContext:
         return self.rank == 0
 
 
-def init_parallel(timeout_s: float = 1800.0) -> ParallelContext:
-    """Join the job's process group (torchrun's environment) or make a world of one; returns this rank's context.
+def init_parallel(timeout_s: float = 1800.0, mesh: MeshKind = "auto") -> ParallelContext:
+    """Join the job's process group (torchrun's environment) or make a world of one; returns this rank's context,
+    its device mesh of the shape ``mesh`` names (``parallel.mesh``: one of :data:`MESHES`).
 
     A world of one reuses a process group that already exists in this process (vLLM makes one when an engine starts
     before training, as preparation does)."""
     cuda = torch.cuda.is_available()
     if launched_as_rank():
         rank, world, local = (int(os.environ[k]) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))  # torchrun's --nproc-per-node
     else:
-        rank, world, local = 0, 1, 0
+        rank, world, local, per_node = 0, 1, 0, 1
+    shape = mesh_shape(mesh, rank=rank, world=world, local=local, per_node=per_node)  # refused before joining
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -77,8 +97,25 @@ def init_parallel(timeout_s: float = 1800.0) -> ParallelContext:
                            f"WORLD_SIZE={world}")
     if dist.get_backend() != "gloo":
         _CPU_GROUP = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
-    return ParallelContext(rank=rank, world_size=world, device=device, mesh=mesh)
+    names = (REPLICATE_DIM, SHARD_DIM) if len(shape) == 2 else (SHARD_DIM,)
+    device_mesh = init_device_mesh(device.type, shape, mesh_dim_names=names)
+    return ParallelContext(rank=rank, world_size=world, device=device, mesh=device_mesh)
+
+
+def mesh_shape(mesh: MeshKind, *, rank: int, world: int, local: int, per_node: int) -> tuple[int, ...]:
+    """The device mesh's shape for ``parallel.mesh=mesh`` on this rank (global ``rank`` of ``world``, ``local`` of
+    ``per_node`` ranks on its node): ``(world,)`` flat, ``(nodes, per_node)`` hybrid. Hybrid needs every node to
+    hold ``per_node`` consecutive ranks (torchrun's numbering with one ``--nproc-per-node``); a ConfigError says
+    which condition failed."""
+    if mesh not in MESHES:
+        raise ConfigError(f"parallel.mesh={mesh!r}: must be one of {list(MESHES)}")
+    if mesh == "flat" or (mesh == "auto" and world <= per_node):
+        return (world,)
+    if per_node < 1 or world % per_node or rank % per_node != local:
+        raise ConfigError(f"parallel.mesh={mesh!r}: a hybrid mesh needs the same number of ranks on every node, "
+                          f"numbered node by node; this rank is RANK={rank} LOCAL_RANK={local} of WORLD_SIZE={world} "
+                          f"with LOCAL_WORLD_SIZE={per_node} (set parallel.mesh=flat)")
+    return (world // per_node, per_node)
 
 
 def shutdown_parallel() -> None:

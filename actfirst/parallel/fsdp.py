@@ -6,6 +6,11 @@ their loaded dtype, sharded over the ranks: for the student float32, the master 
 ``param_dtype`` is the compute dtype: each unit's all-gathered copy is cast to it for the forward and the backward,
 and gradients are reduce-scattered in ``reduce_dtype`` into float32 shards.
 
+On a 2-D mesh ``("replicate", "shard")`` (``parallel.mesh: hybrid``, one replica per node) ``fully_shard`` is HSDP:
+a unit's all-gather and its gradient reduce-scatter run over the ``shard`` dimension (the ranks of one node), and the
+reduced gradient shard is then all-reduced over ``replicate`` (the same shard on every node), the only traffic that
+crosses nodes.
+
 Gradients are summed over ranks, not averaged: the student's loss is already normalized by the global batch (Eq. 32:
 1/|B| over every rank's samples), so each rank's gradient is its share of the whole and the sum is the gradient of
 the global loss (what a one-rank update on the same batch computes).
@@ -25,14 +30,15 @@ from torch.distributed.tensor import DTensor
 
 def apply_fsdp(root: nn.Module, blocks: Sequence[nn.Module], mesh: DeviceMesh, *,
                param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype = torch.float32) -> nn.Module:
-    """Shard ``root`` over ``mesh``: every module of ``blocks`` (the transformer layers, inside ``root``) its own FSDP
-    unit, the remaining parameters the root's; compute in ``param_dtype`` (None: the parameters' own dtype).
-    Gradient reduction sums over ranks. Returns ``root`` (now an ``FSDPModule``)."""
+    """Shard ``root`` over ``mesh`` (1-D: over every rank; 2-D ``(replicate, shard)``: within each replica, HSDP):
+    every module of ``blocks`` (the transformer layers, inside ``root``) its own FSDP unit, the remaining parameters
+    the root's; compute in ``param_dtype`` (None: the parameters' own dtype). Gradient reduction sums over ranks
+    (over both dimensions of a 2-D mesh). Returns ``root`` (now an ``FSDPModule``)."""
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(root, mesh=mesh, mp_policy=policy)
-    gloo = dist.get_backend(mesh.get_group()) == "gloo"
+    gloo = dist.get_backend(mesh.get_group(mesh.ndim - 1)) == "gloo"
     for module in root.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -43,7 +49,11 @@ def apply_fsdp(root: nn.Module, blocks: Sequence[nn.Module], mesh: DeviceMesh, *
 
 def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """The whole tensor of a sharded (DTensor) parameter or gradient, gathered on every rank (a collective: every
-    rank must call it, in the same order); a plain tensor as it is."""
+    rank must call it, in the same order); a plain tensor as it is.
+
+    Only the mesh dimensions whose placement is not ``Replicate`` communicate (DTensor's redistribute makes a step per
+    changed dimension): a hybrid mesh's ``(Replicate, Shard(0))`` parameter is all-gathered over ``shard`` alone,
+    inside a node."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 

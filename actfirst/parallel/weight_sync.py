@@ -4,6 +4,9 @@ Every rank walks the parameters in the same order and gathers each full tensor f
 the shard already cast to the engine's dtype, so the traffic is the engine's bytes), a bucket at a time: at most
 ``bucket_bytes`` of gathered tensors exist at once (a single larger parameter is gathered alone). The engine loads
 them as they come (vLLM's ``reload_weights`` consumes the iterator layer by layer).
+
+On a hybrid mesh (``parallel.mesh``) every node holds a whole replica, so the gather stays inside the node: each
+parameter is ``(Replicate, Shard(0))`` and ``full_tensor`` all-gathers over the ``shard`` dimension only.
 """
 
 from __future__ import annotations

@@ -117,7 +117,7 @@ class TrainResult:
 
 def train(cfg: TrainConfig, *, resume: bool = False) -> TrainResult:
     """Train ``cfg`` as this process's rank (torchrun's environment; otherwise a world of one)."""
-    return Trainer(cfg, init_parallel(), resume=resume).train()
+    return Trainer(cfg, init_parallel(mesh=cfg.parallel.mesh), resume=resume).train()
 
 
 class TaskStream:

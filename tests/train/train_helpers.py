@@ -31,13 +31,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_ranks(fn, world_size: int, *args, timeout: float = 300.0) -> list:
+def spawn_ranks(fn, world_size: int, *args, timeout: float = 300.0, ranks_per_node: int | None = None) -> list:
     """Run ``fn(*args)`` in ``world_size`` spawned processes with torchrun's environment (one rank each, over gloo
-    on the loopback interface); returns each rank's return value in rank order. A rank's exception fails the call
-    with its traceback."""
+    on the loopback interface; ``ranks_per_node``: as if on nodes of that many ranks, default one node); returns each
+    rank's return value in rank order. A rank's exception fails the call with its traceback."""
     import io
 
-    procs, results = start_ranks(fn, world_size, *args)
+    procs, results = start_ranks(fn, world_size, *args, ranks_per_node=ranks_per_node)
     out: dict[int, object] = {}
     try:
         for _ in procs:
@@ -54,16 +54,18 @@ def spawn_ranks(fn, world_size: int, *args, timeout: float = 300.0) -> list:
     return [out[r] for r in range(world_size)]
 
 
-def start_ranks(fn, world_size: int, *args) -> tuple[list, object]:
+def start_ranks(fn, world_size: int, *args, ranks_per_node: int | None = None) -> tuple[list, object]:
     """The started processes of :func:`spawn_ranks` and the queue their results arrive on."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    env = {"WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
-           "OMP_NUM_THREADS": "1"}
-    procs = [ctx.Process(target=_rank_entry, args=(fn, rank, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                                                   args, results)) for rank in range(world_size)]
+    per_node = ranks_per_node or world_size
+    env = {"WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(per_node), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    procs = [ctx.Process(target=_rank_entry, args=(fn, rank, {**env, "RANK": str(rank),
+                                                              "LOCAL_RANK": str(rank % per_node)}, args, results))
+             for rank in range(world_size)]
     for p in procs:
         p.start()
     return procs, results
