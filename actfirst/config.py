@@ -429,11 +429,12 @@ class ParallelConfig:
     per block, applied before FSDP2: ``actfirst.parallel.checkpointing``): the student's activations shrink to about
     one block's, for about a third more compute. The student only (the teacher never runs a backward)."""
     attention: Literal["auto", "flash_attention_2", "flex_attention", "sdpa"] = "auto"
-    """The student's and the teacher's attention over packed rows (``actfirst.train.packing.attention_implementation``).
-    auto: flash-attn's varlen kernel (sample boundaries from position_ids) when ``flash_attn`` imports on a GPU and
-    the model computes in 16 bits, else FlexAttention's block mask on a GPU, else sdpa (the CPU: FlexAttention has no CPU backward). sdpa gives a row
-    of several samples a dense [T x T] mask, and a [T x T] bias saved per layer for the backward: auto never picks it
-    on a GPU. A named one that cannot run here is refused at start."""
+    """The student's and the teacher's attention over packed rows
+    (``actfirst.train.packing.attention_implementation``). auto: flash-attn's varlen kernel (sample boundaries from
+    position_ids) when ``flash_attn`` imports on a GPU and the model computes in 16 bits, else FlexAttention's block
+    mask on a GPU, else sdpa (the CPU: FlexAttention has no CPU backward). sdpa gives a row of several samples a dense
+    [T x T] mask, and a [T x T] bias saved per layer for the backward: auto never picks it on a GPU. A named one that
+    cannot run here is refused at start."""
     mesh: Literal["auto", "flat", "hybrid"] = "auto"
     """The device mesh the student (and a sharded teacher) are split over: ``flat``, FSDP2 over every rank; ``hybrid``,
     FSDP2 over the ranks of a node and a replica per node (HSDP: only the gradient all-reduce crosses nodes);

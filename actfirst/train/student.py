@@ -23,8 +23,9 @@ micro-batches (gradient accumulation; samples are never split, so each micro-bat
 
 With several ranks each holds its share of every mini-batch; |B| in Eq. 32 is the mini-batch over all ranks, and
 FSDP2 sums (does not average) the gradients, so an update on R ranks equals one on a single rank over the union of
-their samples (mini-batch k of it being the union of every rank's k-th mini-batch). Every rank runs as many micro-batches (empty ones pad the shorter lists: every FSDP2 forward and
-backward is a collective), and the metrics are reduced over ranks: every rank returns the same global figures.
+their samples (mini-batch k of it being the union of every rank's k-th mini-batch). Every rank runs as many
+micro-batches (empty ones pad the shorter lists: every FSDP2 forward and backward is a collective), and the metrics
+are reduced over ranks: every rank returns the same global figures.
 """
 
 from __future__ import annotations
