@@ -238,8 +238,11 @@ def test_method_configs(path, paths):
         assert cfg.env is None or cfg.env.max_turns == {"alfworld": 50, "webshop": 15,
                                                         "search": 8}[cfg.benchmark]
         assert cfg.loss.aggregation == "token_mean" and cfg.batch == "rollout"  # D.3, Sec. 5.1
+        # E.1/E.2's prompts; Search's one prompt is its observation (E.3) under either set
+        assert cfg.rollout.prompts == ("actfirst" if REGISTRY[cfg.benchmark].prompt_is_observation else "uopd")
     else:
         assert cfg.loss.aggregation == "seq_mean_token_mean" and cfg.batch == "turns"  # 000's Eq. 32, Sec. 5.1
+        assert cfg.rollout.prompts == "actfirst"  # 000's B.1 templates with B.2's history
     if strategy == "uopd":  # D.4's schedules per student size; Search's signal is the other one 003 defines
         assert cfg.uopd.rate == ((0.5, 0.3) if student == "qwen2.5-1.5b" else (0.3, 0.05))
         assert cfg.uopd.score == ("logprob_gap" if cfg.benchmark == "search" else "teacher_confidence")
