@@ -97,8 +97,8 @@ def prompt(tokenizer, benchmark, history, current, **kwargs):
     return result
 
 
-ALFWORLD_O1 = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, you "
-               "see a cabinet 1, a countertop 1, and a fridge 1.\n\nYour task is to: put a cool mug in cabinet.")
+ALFWORLD_O1 = ("-= Welcome to TextWorld, ALFRED! =-\n\nYou are in the middle of a room. Looking quickly around you, "
+               "you see a cabinet 1, a countertop 1, and a fridge 1.\n\nYour task is to: put a cool mug in cabinet.")
 ALFWORLD_TASK = "put a cool mug in cabinet."
 
 

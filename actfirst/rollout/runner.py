@@ -328,7 +328,8 @@ class RolloutRunner:
 
     def _prompt(self, mode: Mode, current: Transition, history: list[Step], counts: PromptCounts,
                 reference_next: str | None = None) -> Prompt:
-        """The request of ``mode`` in ``rollout.prompts``' set (``actfirst``: fitted by B.2); the model's limit is max_model_len less the response's budget."""
+        """The request of ``mode`` in ``rollout.prompts``' set (``actfirst``: fitted by B.2); the model's limit is
+        max_model_len less the response's budget."""
         response = self.cfg.budget.total if mode is Mode.FULL_RESPONSE else self.cfg.budget.fast_action_tokens
         prompt = build_prompt(self.tokenizer, self.benchmark, mode, task_description=current.task_description,
                               history=history, current=current, budget_tokens=self.cfg.max_prompt_tokens,
