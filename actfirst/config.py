@@ -15,6 +15,7 @@ from typing import Any, Literal
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import BENCHMARKS
 from actfirst.models.hub import is_hub_id
+from actfirst.prompts import PromptSet
 from actfirst.rollout.strategies import STRATEGIES, TCODConfig, UOPDConfig
 from actfirst.schema import check, check_dir, paths_checked, to_dict, type_from
 from actfirst.train.trackers import check_report_to
@@ -209,8 +210,14 @@ class RolloutConfig:
     temperature: float = 1.0
     """Sampling temperature of every request (0: greedy, for evaluation only; training needs a sampled policy)."""
     top_p: float = 1.0
+    prompts: PromptSet = "actfirst"
+    """The prompt set: ``actfirst``, 000's B.1 templates with B.2's history (as much as fits ``max_prompt_tokens``);
+    ``uopd``, the UOPD paper's E.1/E.2 templates with their two-step history, unfitted (think-then-act only: refused
+    with a strategy that executes fast actions, and on a benchmark 003 gives none for). Search's one prompt, E.3's,
+    is the same under both."""
     max_prompt_tokens: int = 3072
-    """Prompt budget after the chat template (B.2: the oldest history pairs are dropped until the prompt fits)."""
+    """Prompt budget after the chat template (B.2: the oldest history pairs are dropped until the prompt fits; with
+    ``prompts: uopd`` a prompt over it goes ahead, counted)."""
     env_timeout_s: float = 600.0
     """An environment call without a reply for this long kills and restarts its worker (the episode fails)."""
     budget: ThinkingBudgetConfig = dataclasses.field(default_factory=ThinkingBudgetConfig)
@@ -537,6 +544,14 @@ class TrainConfig:
                self.rollout.strategy, f"needs next-action-prediction or inverse-dynamics prompts (B.1) or reference "
                f"trajectories, which benchmark {self.benchmark!r} does not have; use {', '.join(anywhere[:-1])} or "
                f"{anywhere[-1]}")
+        if self.rollout.prompts == "uopd":
+            thinking = [name for name, c in STRATEGIES.items() if not c.fast_actions]
+            check(not strategy.fast_actions, "rollout.prompts", self.rollout.prompts,
+                  f"has only think-then-act templates (003 E.1/E.2), and rollout.strategy={self.rollout.strategy!r} "
+                  f"executes fast actions; use rollout.prompts=actfirst or a strategy of {thinking}")
+            check(benchmark.uopd_prompts is not None or benchmark.prompt_is_observation, "rollout.prompts",
+                  self.rollout.prompts, f"benchmark {self.benchmark!r} has no UOPD-paper prompts (003 Appendix E "
+                  f"gives ALFWorld's, WebShop's and Search's); use rollout.prompts=actfirst")
         check(bool(self.teacher.strip()), "teacher", self.teacher, "must name a Hugging Face model directory or Hub id")
         check(self.teacher_revision is None or bool(self.teacher_revision.strip()), "teacher_revision",
               self.teacher_revision, "must name a branch, tag or commit (or be null)")

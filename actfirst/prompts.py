@@ -11,13 +11,19 @@ History (B.2): the stored history is the executed observation–action pairs, ne
 For each request the oldest pair is dropped until the chat-templated prompt fits its token budget; with no pair
 left the no-history template is used. The task, the current observation, the admissible-action information and the
 reference next observation are never shortened.
+
+These are the ``actfirst`` prompt set (``rollout.prompts``, the default). The ``uopd`` set is the UOPD paper's
+(003 Appendix E.1/E.2, a benchmark's ``Benchmark.uopd_prompts``): think-then-act only, a first template for the
+first step(s) and a second after them showing the most recent steps (two, fewer only while fewer were taken), with
+no B.2 fitting (:func:`recent_steps_prompt`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Literal
 
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import Benchmark
@@ -27,6 +33,11 @@ class PromptTooLong(ValueError):
     """Even the no-history prompt exceeds what the model can take for this request (``limit_tokens``: its
     max_model_len less the response's token budget). B.2 shortens nothing but the history: not the current
     observation, the admissible-action information or the reference next observation (nor the task instruction)."""
+
+
+PromptSet = Literal["actfirst", "uopd"]
+"""The prompt sets (``rollout.prompts``): ``actfirst``, 000's B.1 templates with B.2's history; ``uopd``, 003's E.1/E.2
+templates with their two-step history (think-then-act only)."""
 
 
 class Mode(enum.Enum):
@@ -70,6 +81,29 @@ class Prompt:
     """No history left and still over the B.2 budget: the no-history prompt went ahead as it is (B.2)."""
 
 
+def unchanged(observation: str) -> str:
+    """An observation as it is (a :class:`RecentStepsPrompts` that shows observations unchanged)."""
+    return observation
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RecentStepsPrompts:
+    """A benchmark's UOPD-paper prompts (003 Appendix E.1/E.2), think-then-act only: ``first`` for the first
+    ``first_steps`` steps of an episode (no history), then ``later`` with the most recent ``min(window, steps taken)``
+    executed steps in :func:`format_history`'s entries. The history is never fitted to a budget (B.2 is 000's)."""
+
+    first: str
+    later: str
+    first_steps: int
+    """Steps the first template serves (E.1 ALFWorld: 1; E.2 WebShop: 2)."""
+    fields: Callable[[Transition], dict[str, str]]
+    """The admissible-action fields of the templates, from the current transition."""
+    observation: Callable[[str], str] = unchanged
+    """How an observation is shown, the current one and the history's (E.2 WebShop: flattened to one line)."""
+    window: int = 2
+    """The most recent steps shown (E.1/E.2: 2)."""
+
+
 def format_history(history: Sequence[Step], first_step: int) -> str:
     """verl-agent's memory format: ``[Observation k: '...', Action k: '...']`` per pair, k counted from 1."""
     return "\n".join(f"[Observation {first_step + i}: '{s.observation}', Action {first_step + i}: '{s.action}']"
@@ -96,7 +130,7 @@ def render(benchmark: Benchmark, mode: Mode, *, task_description: str, history: 
 
 def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_description: str, history: Sequence[Step],
                  current: Transition, budget_tokens: int, limit_tokens: int | None = None,
-                 reference_next_observation: str | None = None) -> Prompt:
+                 reference_next_observation: str | None = None, prompts: PromptSet = "actfirst") -> Prompt:
     """Render the request with as much recent history as fits ``budget_tokens`` after the chat template (B.2).
 
     The stored ``history`` is not modified. B.2 removes the oldest pairs "until it fits or no history remains" and
@@ -106,13 +140,17 @@ def build_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_descriptio
     Action-only modes render with ``enable_thinking=False``: with a real Qwen3 chat template the generation prompt
     then holds an empty thinking block, so a fast action is an action without preceding reasoning (Eq. 6-7); our
     own template ignores the flag.
-    A benchmark whose observation is the whole prompt (Search) goes to :func:`observation_prompt`.
+    A benchmark whose observation is the whole prompt (Search) goes to :func:`observation_prompt`, whatever
+    ``prompts`` says (its one prompt is E.3's); ``prompts="uopd"`` goes to :func:`recent_steps_prompt`.
     Dropping the oldest pair one at a time until the prompt fits keeps the longest suffix that fits; since a
     shorter suffix never needs more tokens, that suffix is found by bisection (about log2(len(history)) + 1
     tokenizations instead of one per dropped pair).
     """
     if benchmark.prompt_is_observation:
         return observation_prompt(tokenizer, benchmark, mode, current, budget_tokens, limit_tokens)
+    if prompts == "uopd":
+        return recent_steps_prompt(tokenizer, benchmark, mode, task_description=task_description, history=history,
+                                   current=current, budget_tokens=budget_tokens, limit_tokens=limit_tokens)
 
     def attempt(start: int) -> Prompt:
         text = render(benchmark, mode, task_description=task_description, history=history[start:],
@@ -156,3 +194,42 @@ def observation_prompt(tokenizer, benchmark: Benchmark, mode: Mode, current: Tra
         raise PromptTooLong(f"the {benchmark.name} prompt needs {len(ids)} tokens, more than the model takes with "
                             f"this request's response budget ({limit_tokens})")
     return Prompt(list(ids), current.observation, 0, over_budget=len(ids) > budget_tokens)
+
+
+def render_recent_steps(prompts: RecentStepsPrompts, *, task_description: str, history: Sequence[Step],
+                        current: Transition) -> tuple[str, int]:
+    """The user message of a :class:`RecentStepsPrompts` set after ``len(history)`` steps, and how many history
+    steps it shows."""
+    steps = len(history)
+    if steps < prompts.first_steps:
+        template, shown = prompts.first, []
+    else:
+        template, shown = prompts.later, list(history[steps - min(prompts.window, steps):])
+    entries = [Step(prompts.observation(s.observation), s.action) for s in shown]
+    text = template.format(task_description=task_description, current_observation=prompts.observation(
+                               current.observation), step_count=steps, current_step=steps + 1,
+                           history_length=len(shown), action_history=format_history(entries, steps - len(shown) + 1),
+                           **prompts.fields(current))
+    return text, len(shown)
+
+
+def recent_steps_prompt(tokenizer, benchmark: Benchmark, mode: Mode, *, task_description: str,
+                        history: Sequence[Step], current: Transition, budget_tokens: int,
+                        limit_tokens: int | None = None) -> Prompt:
+    """The full-response prompt of the UOPD paper's set (``rollout.prompts: uopd``; ``benchmark.uopd_prompts``),
+    chat-templated. Its history is E.1/E.2's fixed window, not fitted: a prompt over ``budget_tokens`` goes ahead
+    (``over_budget``), one over ``limit_tokens`` is :class:`PromptTooLong`."""
+    if benchmark.uopd_prompts is None:
+        raise ValueError(f"rollout.prompts='uopd': benchmark {benchmark.name!r} has no UOPD-paper prompts (003 "
+                         f"Appendix E gives ALFWorld's, WebShop's and Search's)")
+    if mode is not Mode.FULL_RESPONSE:
+        raise ValueError(f"mode={mode.value}: rollout.prompts='uopd' has only think-then-act prompts (003 E.1/E.2)")
+    text, shown = render_recent_steps(benchmark.uopd_prompts, task_description=task_description, history=history,
+                                      current=current)
+    ids = list(tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=True, return_dict=False, enable_thinking=True))
+    if limit_tokens is not None and len(ids) > limit_tokens:
+        raise PromptTooLong(f"the {benchmark.name} UOPD-paper prompt needs {len(ids)} tokens, more than the model "
+                            f"takes with this request's response budget ({limit_tokens}); its history is E.1/E.2's "
+                            f"fixed window, never shortened")
+    return Prompt(ids, text, shown, over_budget=len(ids) > budget_tokens)

@@ -242,8 +242,11 @@ def test_method_configs(path, paths):
         if cfg.benchmark == "webshop":  # D.1: the 1,000-product catalog, 6,410 / 128 instructions
             assert (cfg.env.product_file, cfg.env.num_products) == ("items_shuffle_1000.json", 1000)
             assert [len(get_benchmark("webshop", cfg.env).tasks(s)) for s in ("train", "eval")] == [6410, 128]
+        # E.1/E.2's prompts; Search's one prompt is its observation (E.3) under either set
+        assert cfg.rollout.prompts == ("actfirst" if REGISTRY[cfg.benchmark].prompt_is_observation else "uopd")
     else:
         assert cfg.loss.aggregation == "seq_mean_token_mean" and cfg.batch == "turns"  # 000's Eq. 32, Sec. 5.1
+        assert cfg.rollout.prompts == "actfirst"  # 000's B.1 templates with B.2's history
     if strategy == "uopd":  # D.4's schedules per student size; Search's signal is the other one 003 defines
         assert cfg.uopd.rate == ((0.5, 0.3) if student == "qwen2.5-1.5b" else (0.3, 0.05))
         assert cfg.uopd.score == ("logprob_gap" if cfg.benchmark == "search" else "teacher_confidence")

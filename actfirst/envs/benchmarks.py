@@ -79,6 +79,10 @@ class Benchmark(abc.ABC):
     templates: ClassVar[Mapping[Any, tuple[str, str, str, str]]] = {}
     """B.1's prompt templates per ``actfirst.prompts.Mode``: (head, with-history block, no-history block, tail), the
     admissible-action fields filled from :meth:`prompt_fields` (none where the observation is the whole prompt)."""
+    uopd_prompts: ClassVar[Any] = None
+    """The UOPD paper's think-then-act prompts (003 Appendix E.1/E.2; ``rollout.prompts: uopd``), an
+    ``actfirst.prompts.RecentStepsPrompts``; None: 003 gives none for this benchmark (Search's one prompt, E.3's, is
+    its observation)."""
     fast_actions: ClassVar[bool] = False
     """Whether B.1's next-action-prediction and inverse-dynamics templates and reference trajectories exist (the
     strategies that need them run only where they do)."""

@@ -28,7 +28,8 @@ Prompts follow B.2: history is dropped, oldest pair first, to fit ``rollout.max_
 still over it goes ahead as it is (counted: ``prompts_over_budget``). Only a prompt that the model cannot take with
 its response budget (``max_model_len`` less the response's tokens) is refused: an inverse-dynamics prompt then falls
 back to next-action prediction for that turn (counted: ``id_overflow_naps``); a full-response or next-action prompt
-ends the episode with the reason, as a failed environment does.
+ends the episode with the reason, as a failed environment does. With ``rollout.prompts: uopd`` (003 E.1/E.2) the
+history is those templates' two-step window, never dropped: a prompt over the budget goes ahead, counted the same.
 """
 
 from __future__ import annotations
@@ -327,11 +328,13 @@ class RolloutRunner:
 
     def _prompt(self, mode: Mode, current: Transition, history: list[Step], counts: PromptCounts,
                 reference_next: str | None = None) -> Prompt:
-        """The request of ``mode`` fitted by B.2; the model's limit is max_model_len less the response's budget."""
+        """The request of ``mode`` in ``rollout.prompts``' set (``actfirst``: fitted by B.2); the model's limit is
+        max_model_len less the response's budget."""
         response = self.cfg.budget.total if mode is Mode.FULL_RESPONSE else self.cfg.budget.fast_action_tokens
         prompt = build_prompt(self.tokenizer, self.benchmark, mode, task_description=current.task_description,
                               history=history, current=current, budget_tokens=self.cfg.max_prompt_tokens,
-                              limit_tokens=self.max_model_len - response, reference_next_observation=reference_next)
+                              limit_tokens=self.max_model_len - response, reference_next_observation=reference_next,
+                              prompts=self.cfg.prompts)
         counts.over_budget += prompt.over_budget
         return prompt
 

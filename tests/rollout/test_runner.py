@@ -66,13 +66,13 @@ def scienceworld():
 
 
 def run(engine, tiny_model_dir, setup, strategy, budget=BUDGET, play=None, max_prompt_tokens=2000, batch_index=0,
-        tcod=None, intervention=None):
+        tcod=None, intervention=None, prompts="actfirst"):
     """One rollout batch of ``setup``'s tasks; ``play(pool, runner_kwargs)``, when given, runs it instead."""
     benchmark, tasks, refs = setup
     engine.reconfigure(SchedulerConfig(b_max=8))
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     cfg = RolloutConfig(strategy=strategy, batch_tasks=len(tasks), max_prompt_tokens=max_prompt_tokens,
-                        budget=budget)
+                        budget=budget, prompts=prompts)
     strat = make_strategy(strategy, tcod)
 
     async def go():
@@ -322,6 +322,35 @@ def test_prompts_over_the_budget_go_ahead_without_history_and_are_counted(engine
     assert all(len(c) > 10 for e in batch.episodes for c in e.contexts)
     assert rollout_rates(rollout_counts(batch.episodes))["prompt/over_budget"] == batch.num_transitions
     check_common(batch, benchmark)
+
+
+def test_uopd_prompts_are_every_context_of_real_alfworld_episodes(engine, tiny_model_dir, alfworld):
+    """``rollout.prompts: uopd`` reaches the runner: on generated ALFWorld games, every sampled context is E.1's
+    prompt of its turn rendered from the episode's own transitions and actions (the first without the task line,
+    then the min(2, steps taken) latest steps), chat-templated."""
+    from actfirst.prompts import Step, render_recent_steps
+
+    benchmark, tasks, _ = alfworld
+
+    async def play(pool, kwargs):
+        return await RolloutRunner(**kwargs, trace=True).run_batch(tasks, batch_index=0)
+
+    batch, _ = run(engine, tiny_model_dir, alfworld, "vanilla", play=play, prompts="uopd")
+    check_common(batch, benchmark)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for episode in batch.episodes:
+        actions = [turn.action for turn in episode.turns]
+        for t, context in enumerate(episode.contexts):
+            current = episode.transitions[t]
+            history = [Step(episode.transitions[i].observation, actions[i]) for i in range(t)]
+            text, shown = render_recent_steps(benchmark.uopd_prompts, task_description=current.task_description,
+                                              history=history, current=current)
+            assert shown == min(2, t)
+            assert text.startswith("You are an expert agent operating in the ALFRED Embodied Environment." +
+                                   ("\nYour current observation is: " if t == 0 else " Your task is to: "))
+            assert context == tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                            add_generation_prompt=True, tokenize=True,
+                                                            return_dict=False)
 
 
 def test_an_inverse_dynamics_prompt_the_model_cannot_take_falls_back_to_nap(engine, tiny_model_dir, alfworld):

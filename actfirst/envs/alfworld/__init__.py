@@ -8,7 +8,7 @@ from pathlib import Path
 from actfirst.envs.alfworld.checks import alfworld_action_valid, alfworld_check
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.alfworld.data import ALFWorldData, check_real_games, split_dir
-from actfirst.envs.alfworld.prompts import TEMPLATES
+from actfirst.envs.alfworld.prompts import TEMPLATES, UOPD_PROMPTS
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.benchmarks import Benchmark, register_benchmark
 
@@ -20,6 +20,7 @@ class ALFWorldBenchmark(Benchmark):
     name = "alfworld"
     config_class = ALFWorldConfig
     templates = TEMPLATES
+    uopd_prompts = UOPD_PROMPTS
     fast_actions = True
     state_source = "positive facts and the task-success flag"
     data = ALFWorldData()

@@ -1,6 +1,8 @@
-"""ALFWorld's prompt templates (Appendix B.1): full response, next-action prediction, inverse dynamics."""
+"""ALFWorld's prompt templates: B.1's (full response, next-action prediction, inverse dynamics) and the UOPD
+paper's (003 E.1)."""
 
-from actfirst.prompts import HISTORY, NO_HISTORY, REFERENCE, Mode
+from actfirst.envs.base import Transition
+from actfirst.prompts import HISTORY, NO_HISTORY, REFERENCE, Mode, RecentStepsPrompts
 
 _HEAD = ("You are an expert agent operating in the ALFRED Embodied Environment. "
          "Your task is to: {task_description}\n")
@@ -25,3 +27,29 @@ TEMPLATES = {
     Mode.INVERSE_DYNAMICS: (_HEAD, HISTORY, NO_HISTORY, _ID),
 }
 """(head, with-history block, no-history block, tail) per mode; ``{admissible_actions}`` from ``prompt_fields``."""
+
+
+# 003 E.1, word for word ("it's" with the straight apostrophe, as 003 prints it); the line breaks the paper's text lost
+# are restored as in the GiGPO/verl-agent templates its teacher was trained with.
+_E1_ASK = ("Your admissible actions of the current situation are: [{admissible_actions}].\n"
+           "\nNow it's your turn to take an action.\n"
+           "You should first reason step-by-step about the current situation. This reasoning process MUST be enclosed "
+           "within <think> </think> tags.\n"
+           "Once you've finished your reasoning, you should choose an admissible action for current step and present "
+           "it within <action> </action> tags.")
+E1_FIRST = ("You are an expert agent operating in the ALFRED Embodied Environment.\n"
+            "Your current observation is: {current_observation}\n" + _E1_ASK)
+"""E.1's first-step template: without the task, which the first observation already contains."""
+E1_LATER = ("You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: "
+            "{task_description}\n" + HISTORY + _E1_ASK)
+"""E.1's template of every later step."""
+
+
+def e1_fields(current: Transition) -> dict[str, str]:
+    """E.1's ``{admissible_actions}``: the admissible commands except help (the environment's admissible list leaves
+    it out), each in single quotes, one per line (verl-agent's separator, a line break and a space)."""
+    return {"admissible_actions": "\n ".join(f"'{a}'" for a in current.admissible)}
+
+
+UOPD_PROMPTS = RecentStepsPrompts(first=E1_FIRST, later=E1_LATER, first_steps=1, fields=e1_fields)
+"""003 E.1: the first template for the first step, then the second with the min(2, steps taken) latest steps."""

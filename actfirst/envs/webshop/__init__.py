@@ -13,7 +13,7 @@ from actfirst.envs.webshop.checks import (
 )
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.webshop.data import WebShopData
-from actfirst.envs.webshop.prompts import TEMPLATES
+from actfirst.envs.webshop.prompts import TEMPLATES, UOPD_PROMPTS, available_actions
 
 
 @register_benchmark
@@ -24,6 +24,7 @@ class WebShopBenchmark(Benchmark):
     config_class = WebShopConfig
     data = WebShopData()
     templates = TEMPLATES
+    uopd_prompts = UOPD_PROMPTS
     fast_actions = True
     partial_score = True
 
@@ -33,9 +34,7 @@ class WebShopBenchmark(Benchmark):
         return WebShopTextEnv(self.config)
 
     def prompt_fields(self, current: Transition) -> dict[str, str]:
-        actions = ["search[<your query>]"] if current.has_search_bar else []
-        actions += [f"click[{c}]" for c in current.admissible]
-        return {"available_actions": ",\n".join(f"'{a}'" for a in actions)}
+        return available_actions(current)
 
     def reference_observation(self, observation: str) -> str:
         """The page without its repeated instruction block (B.5: removed only in the inverse-dynamics prompt)."""
