@@ -38,6 +38,7 @@ import json
 import platform
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -89,6 +90,7 @@ def allow_flex_forward_for_backward_on_cpu() -> None:
     import transformers.integrations.flex_attention as hf_flex
 
     flex._validate_device = lambda *args: None
+    warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")  # eager on purpose
     hf_flex.compile_friendly_flex_attention = lambda q, k, v, training=False, **kw: flex.flex_attention(q, k, v, **kw)
 
 

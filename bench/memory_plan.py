@@ -1,7 +1,8 @@
 """GPU memory per rank of every shipped training config, colocated (one process per GPU: engines + trainer + teacher).
 
     python bench/memory_plan.py                          # every config in bench/memory_targets.yaml, 80 and 141 GB
-    python bench/memory_plan.py --config configs/train/alfworld/qwen3-4b.yaml micro_batch_tokens=8192
+    python bench/memory_plan.py --config configs/train/alfworld/qwen3-4b.yaml micro_batch_tokens=8192 --student Qwen3-4B
+    python bench/memory_plan.py --layers                 # the measured bytes per token and layer, against the old formula
 
 Each config is loaded through actfirst's own config loading (``load_config``, its ``base:`` files and overrides;
 input paths unchecked), so every value below is the one the run uses. ``bench/memory_targets.yaml`` is the plan's
@@ -176,6 +177,19 @@ def table(targets: dict, measured: dict, gpus: list[str], slack_gib: float) -> l
     return rows
 
 
+def layer_table(measured: dict) -> list[str]:
+    """Markdown rows: the measured bytes per token and layer of each shape against the formula used before."""
+    head = ("| shape | old formula | one sample | packed, SDPA (dense mask) | packed, flex (block mask) | "
+            "checkpointed | measured / old (one sample) |")
+    rows = [head, "|---" * (head.count("|") - 1) + "|"]
+    for shape, m in measured.items():
+        dense = f"{m['packed_sdpa']['per_token']:,.0f} + {m['packed_sdpa']['per_token_sq']:.2f} T"
+        rows.append(f"| {shape} | {m['old_formula']:,} | {m['one']['per_token']:,.0f} | {dense} | "
+                    f"{m['packed_flex']['per_token']:,.0f} | {m['one_checkpointed']['per_token']:,.0f} | "
+                    f"{m['one']['per_token'] / m['old_formula']:.2f} |")
+    return rows
+
+
 @command
 def main(argv: list[str] | None = None) -> int:
     """Print the table (every shipped config), or one config's figures with overrides (``--config``)."""
@@ -186,8 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--teacher", default="Qwen3-8B", choices=list(SHAPES))
     parser.add_argument("--gpus", nargs="+", default=None, help="GPU names of memory_targets.yaml (default: all)")
     parser.add_argument("--slack-gib", type=float, default=3.0)
+    parser.add_argument("--layers", action="store_true", help="print the measured bytes per token and layer instead")
     args = parser.parse_args(argv)
     targets, measured = load_targets(), load_activations()
+    if args.layers:
+        print("\n".join(layer_table(measured)))
+        return 0
     gpus = args.gpus or list(targets["gpus"])
     unknown = [g for g in gpus if g not in targets["gpus"]]
     if unknown:
