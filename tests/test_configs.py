@@ -117,7 +117,8 @@ def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, mo
         raise AssertionError("train() called with a bad config")
 
     monkeypatch.setattr(actfirst.train.trainer.Trainer, "train", no_work)
-    assert cli.main(["--config", str(path)]) == 2
+    # One rank here: the config's 2 tasks per rank are for 8 (the layout check would speak first).
+    assert cli.main(["--config", str(path), "rollout.tasks_per_rank=null"]) == 2
     assert f"student.model='/models/Qwen3-{size}': no such directory" in capsys.readouterr().err
 
 
