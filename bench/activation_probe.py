@@ -4,19 +4,21 @@
     python bench/activation_probe.py --shapes Qwen3-1.7B --tokens 256 512 --out /tmp/a.json
 
 Each shape (``SHAPES``: the published Qwen3 0.6B / 1.7B / 4B / 8B and Qwen2.5 1.5B / 3B / 7B configs; two decoder
-layers and a 512-word vocabulary instead of the real depth and vocabulary) is built in bfloat16, the dtype FSDP2 computes in on the GPU (``parallel.compute_dtype``),
-and run forward once per row length T with ``inputs_embeds`` that require a gradient, as the output of the layer
-below would. A ``torch.autograd.graph.saved_tensors_hooks`` pack hook sees every tensor autograd keeps for the
+layers and a 512-word vocabulary instead of the real depth and vocabulary) is built in bfloat16, the dtype FSDP2
+computes in on the GPU (``parallel.compute_dtype``), and run forward once per row length T with ``inputs_embeds``
+that require a gradient, as the output of the layer below would (no backward runs: the forward decides what is
+kept). A ``torch.autograd.graph.saved_tensors_hooks`` pack hook sees every tensor autograd keeps for the
 backward; each distinct storage is counted once (views of one storage, a tensor kept by two layers), parameters
 not at all (they are the model's, counted by the memory plan). A tensor is charged to the decoder layer whose
 forward saved it first; the second layer's bytes are the per-layer figure, the first layer's surplus is what the
 layers share (rotary cos / sin, a mask made once per forward).
 
 Rows, as the trainer packs them (``actfirst.train.packing``: position ids that restart per sample, no mask given):
-- ``one``: one sample, SDPA (transformers passes no mask: causal flash path, grouped-query attention unexpanded);
+- ``one``: one sample, SDPA (transformers passes no mask: the causal path, grouped-query heads unexpanded);
 - ``packed_sdpa``: two samples of T/2, SDPA: transformers builds a dense [T, T] boolean mask, which rules out the
   flash path and expands the KV heads (``repeat_kv``);
-- ``packed_flex``: two samples, flex attention with a block mask.
+- ``packed_flex``: two samples, flex attention with a block mask (transformers expands the KV heads here too when
+  heads / KV heads is not a power of two: Qwen2.5-1.5B and 7B).
 Each with and without activation checkpointing (``checkpoint_blocks``: non-reentrant ``torch.utils.checkpoint``
 around each decoder layer, what ``parallel.activation_checkpointing`` does before ``fully_shard``); with it, a
 layer keeps only its inputs and the backward recomputes one layer at a time, which then holds the uncheckpointed
@@ -35,6 +37,7 @@ import argparse
 import datetime
 import gc
 import json
+import os
 import platform
 import sys
 import time
@@ -178,6 +181,14 @@ def probe_shape(shape: str, tokens: list[int]) -> dict:
     return result
 
 
+def machine() -> str:
+    """This machine in words: CPU model, cores, torch and transformers versions."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return (f"{platform.machine()} {cpu or 'CPU'}, {os.cpu_count()} cores; torch {torch.__version__}, "
+            f"transformers {transformers.__version__}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Measure, print, write ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -190,10 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(1)
     allow_flex_forward_for_backward_on_cpu()
     record = {
-        "command": "python bench/activation_probe.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": " ".join(["python bench/activation_probe.py", *(sys.argv[1:] if argv is None else argv)]),
         "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()} CPU, {platform.processor() or 'unknown'}; torch {torch.__version__}, "
-                   f"transformers {transformers.__version__}",
+        "machine": machine(),
         "dtype": "bfloat16 (parameters and compute, as FSDP2's param_dtype on the GPU)",
         "tokens": args.tokens, "seconds": 0.0, "shapes": {},
     }

@@ -2,7 +2,7 @@
 
     python bench/memory_plan.py                          # every config in bench/memory_targets.yaml, 80 and 141 GB
     python bench/memory_plan.py --config configs/train/alfworld/qwen3-4b.yaml micro_batch_tokens=8192 --student Qwen3-4B
-    python bench/memory_plan.py --layers                 # the measured bytes per token and layer, against the old formula
+    python bench/memory_plan.py --layers                 # measured bytes per token and layer against the old formula
 
 Each config is loaded through actfirst's own config loading (``load_config``, its ``base:`` files and overrides;
 input paths unchecked), so every value below is the one the run uses. ``bench/memory_targets.yaml`` is the plan's
@@ -72,9 +72,9 @@ def load_targets(path: Path = TARGETS) -> dict:
     for name, entry in targets["configs"].items():
         for key in ("student", "teacher"):
             if entry[key] not in SHAPES:
-                raise ValueError(f"{path.name}: {name}: {key}={entry[key]!r}: must be one of {list(SHAPES)}")
+                raise ConfigError(f"{path.name}: {name}: {key}={entry[key]!r}: must be one of {list(SHAPES)}")
         if entry["gpu"] not in targets["gpus"]:
-            raise ValueError(f"{path.name}: {name}: gpu={entry['gpu']!r}: must be one of {list(targets['gpus'])}")
+            raise ConfigError(f"{path.name}: {name}: gpu={entry['gpu']!r}: must be one of {list(targets['gpus'])}")
     return targets
 
 
@@ -160,20 +160,21 @@ def settings(cfg: TrainConfig) -> str:
 
 
 def table(targets: dict, measured: dict, gpus: list[str], slack_gib: float) -> list[str]:
-    """Markdown rows for every config in ``targets`` on each GPU in ``gpus`` (the config's own GPU marked)."""
-    head = ("| config | student / teacher | settings | GPU | shards | transients | activations | teacher | "
-            "engines | peak | KV tokens | fits |")
+    """Markdown rows, one per config in ``targets``: the terms that do not depend on the GPU, then the peak (and the
+    engines' share) on each GPU in ``gpus``, the KV cache and whether it fits on its own GPU."""
+    head = ("| config | student / teacher | settings | shards | transients | activations | teacher | "
+            + " | ".join(f"peak on {g} (engines)" for g in gpus) + " | its GPU | KV tokens there | fits |")
     rows = [head, "|---" * (head.count("|") - 1) + "|"]
     for name, entry in targets["configs"].items():
         cfg = load_train_config(ROOT / "configs" / "train" / name)
-        for gpu in gpus:
-            r = plan(cfg, entry["student"], entry["teacher"], gpu_gib=targets["gpus"][gpu], ranks=targets["ranks"],
-                     measured=measured, slack_gib=slack_gib)
-            mark = " (its GPU)" if gpu == entry["gpu"] else ""
-            rows.append(f"| {name} | {entry['student']} / {entry['teacher']} | {settings(cfg)} | {gpu}{mark} | "
-                        f"{r['student_shards']:.1f} | {r['transients']:.1f} | {r['activations']:.1f} | "
-                        f"{r['teacher']:.1f} | {r['engines']:.1f} | {r['peak']:.1f} | {r['kv_tokens'] / 1000:.0f}k | "
-                        f"{'yes' if r['fits'] else 'NO'} |")
+        r = {g: plan(cfg, entry["student"], entry["teacher"], gpu_gib=targets["gpus"][g], ranks=targets["ranks"],
+                     measured=measured, slack_gib=slack_gib) for g in {*gpus, entry["gpu"]}}
+        own = r[entry["gpu"]]
+        peaks = " | ".join(f"{r[g]['peak']:.1f} ({r[g]['engines']:.1f})" for g in gpus)
+        rows.append(f"| {name} | {entry['student']} / {entry['teacher']} | {settings(cfg)} | "
+                    f"{own['student_shards']:.1f} | {own['transients']:.1f} | {own['activations']:.1f} | "
+                    f"{own['teacher']:.1f} | {peaks} | {entry['gpu']} | {own['kv_tokens'] / 1000:.0f}k | "
+                    f"{'yes' if own['fits'] else 'NO'} |")
     return rows
 
 

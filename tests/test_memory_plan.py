@@ -4,6 +4,7 @@ Each config under configs/train/ states its GPU in bench/memory_targets.yaml; it
 activation bytes measured on the real Hugging Face layers (bench/activation_bytes.json), must fit that GPU.
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -16,14 +17,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 import activation_probe as probe  # noqa: E402
 import memory_plan  # noqa: E402
 
-SHIPPED = sorted(p.relative_to(ROOT / "configs" / "train").as_posix() for p in (ROOT / "configs" / "train").rglob("*.yaml"))
+TRAIN = ROOT / "configs" / "train"
+SHIPPED = sorted(p.relative_to(TRAIN).as_posix() for p in TRAIN.rglob("*.yaml"))
 TARGETS = memory_plan.load_targets()
 MEASURED = memory_plan.load_activations()
 
 
 def planned(name: str, overrides: list[str] | None = None, gpu: str | None = None) -> dict:
     entry = TARGETS["configs"][name]
-    cfg = memory_plan.load_train_config(ROOT / "configs" / "train" / name, overrides)
+    cfg = memory_plan.load_train_config(TRAIN / name, overrides)
     return memory_plan.plan(cfg, entry["student"], entry["teacher"], gpu_gib=TARGETS["gpus"][gpu or entry["gpu"]],
                             ranks=TARGETS["ranks"], measured=MEASURED)
 
@@ -55,15 +57,15 @@ def test_the_plan_reads_the_config_values():
     half = planned("alfworld/qwen3-1.7b.yaml", ["parallel.activation_checkpointing=false", "micro_batch_tokens=4096"])
     assert half["activations"] < off["activations"] / 2  # linear in T, plus the dense mask's T^2 on main
     gpu = TARGETS["gpus"][TARGETS["configs"]["alfworld/uopd-qwen2.5-3b.yaml"]["gpu"]]
-    uopd = memory_plan.load_train_config(ROOT / "configs" / "train" / "alfworld/uopd-qwen2.5-3b.yaml")
+    uopd = memory_plan.load_train_config(TRAIN / "alfworld/uopd-qwen2.5-3b.yaml")
     expected = (uopd.student.gpu_memory_utilization + uopd.uopd.teacher_gpu_memory_utilization) * gpu
     assert planned("alfworld/uopd-qwen2.5-3b.yaml")["engines"] == pytest.approx(expected)
-    opd = memory_plan.load_train_config(ROOT / "configs" / "train" / "alfworld/opd-qwen2.5-3b.yaml")
+    opd = memory_plan.load_train_config(TRAIN / "alfworld/opd-qwen2.5-3b.yaml")
     assert planned("alfworld/opd-qwen2.5-3b.yaml")["engines"] == pytest.approx(opd.student.gpu_memory_utilization * gpu)
 
 
 def test_measured_coefficients_cover_every_shape_and_row():
-    record = memory_plan.json.loads(probe.OUT.read_text())
+    record = json.loads(probe.OUT.read_text())
     assert record["command"].startswith("python bench/activation_probe.py") and record["date"] and record["machine"]
     rows = {row + suffix for row in probe.ROWS for suffix in ("", "_checkpointed")}
     for shape in probe.SHAPES:
@@ -104,6 +106,6 @@ def test_probe_counts_what_autograd_keeps(tiny):
 def test_shipped_config_states_tasks_per_rank_for_its_node(name):
     """Each engine's share of a rollout batch is written in the config and adds up to the batch on the node's ranks
     (the trainer refuses a run on another number of ranks: tests/test_configs.py)."""
-    cfg = memory_plan.load_train_config(ROOT / "configs" / "train" / name)
+    cfg = memory_plan.load_train_config(TRAIN / name)
     assert cfg.rollout.tasks_per_rank is not None
     assert cfg.rollout.tasks_per_rank * TARGETS["ranks"] == cfg.rollout.batch_tasks
