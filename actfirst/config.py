@@ -206,7 +206,11 @@ class RolloutConfig:
     """The rollout strategy by name, one of ``actfirst.rollout.strategies.STRATEGIES`` (each class says what it
     does, and names its config section where it has one: ``tcod`` for f2b / b2f, ``uopd``)."""
     batch_tasks: int = 16
-    """Tasks per rollout batch (Sec. 5.1: 16); one environment worker each."""
+    """Tasks per rollout batch over all ranks (Sec. 5.1: 16); one environment worker each."""
+    tasks_per_rank: int | None = None
+    """The tasks each rank's engine plays per rollout batch, stated: a run on R ranks is then refused unless
+    ``batch_tasks`` = tasks_per_rank x R. null: ``batch_tasks`` is dealt round-robin over however many ranks run.
+    (docs/memory.md: what this means for b_max.)"""
     temperature: float = 1.0
     """Sampling temperature of every request (0: greedy, for evaluation only; training needs a sampled policy)."""
     top_p: float = 1.0
@@ -225,6 +229,8 @@ class RolloutConfig:
     def __post_init__(self) -> None:
         check(self.strategy in STRATEGIES, "strategy", self.strategy, f"must be one of {list(STRATEGIES)}")
         check(self.batch_tasks >= 1, "batch_tasks", self.batch_tasks, "must be >= 1")
+        check(self.tasks_per_rank is None or self.tasks_per_rank >= 1, "tasks_per_rank", self.tasks_per_rank,
+              "must be >= 1 (or null)")
         check(self.temperature >= 0, "temperature", self.temperature, "must be >= 0 (0: greedy)")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
         check(self.max_prompt_tokens >= 1, "max_prompt_tokens", self.max_prompt_tokens, "must be >= 1")
@@ -434,7 +440,8 @@ class ParallelConfig:
     activation_checkpointing: bool = False
     """Keep only each decoder block's input and recompute the block in the backward (torch's non-reentrant checkpoint
     per block, applied before FSDP2: ``actfirst.parallel.checkpointing``): the student's activations shrink to about
-    one block's, for about a third more compute. The student only (the teacher never runs a backward)."""
+    one block's, for about a third more compute. The student only (the teacher never runs a backward). The memory
+    plan (``bench/memory_plan.py``, docs/memory.md) says which configs need it."""
     attention: Literal["auto", "flash_attention_2", "flex_attention", "sdpa"] = "auto"
     """The student's and the teacher's attention over packed rows
     (``actfirst.train.packing.attention_implementation``). auto: flash-attn's varlen kernel (sample boundaries from

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from memory_plan import plan
+from memory_plan import load_activations, packed_row, student_update_gib
 from train_step import ATTENTION, SHAPES, Meter, set_attention, student
 
 from actfirst.files import write_atomically
@@ -41,13 +41,16 @@ MiB = 2**20
 RESPONSE_TOKENS = 512
 
 
-def predicted_mib(shape: str, tokens: int, samples: int, attention: str, checkpointing: bool) -> float:
-    """The memory plan's update phase for one row of ``tokens`` at one rank: student shards (16 bytes a parameter)
-    + transient (root unit and two blocks) + activations, in MiB."""
-    del samples, attention, checkpointing  # MERGE(memory): pass them to the plan's measured activation model
-    r = plan(shape, shape, gpu_gib=0.0, ranks=1, utilization=0.0, micro_batch_tokens=tokens,
-             teacher_placement="replicate", bucket_mb=1)
-    return (r["student_shards"] + r["transient"] + r["activations"]) * 1024
+def predicted_mib(shape: str, tokens: int, samples: int, attention: str, checkpointing: bool) -> float | None:
+    """The memory plan's update phase of the student alone for one row of ``tokens`` at one rank (its shards, the
+    update's transients and the measured activations: ``memory_plan.student_update_gib``), in MiB; None for a shape
+    the plan has not measured (the dry run's tiny one)."""
+    measured, name = load_activations(), f"Qwen3-{shape}"
+    if name not in measured:
+        return None
+    row = "one" if samples == 1 else packed_row(attention)
+    own = student_update_gib(name, tokens=tokens, row=row, checkpointed=checkpointing, ranks=1, measured=measured)
+    return own["update"] * 1024
 
 
 def row_samples(tokens: int, samples: int, vocab: int, seed: int) -> list:
@@ -97,11 +100,12 @@ def markdown_row(c: dict) -> str:
     """One case as a row of :data:`HEADER`."""
     where = (f"| {c['shape']} | {c['samples']} x {c['tokens'] // c['samples']:,} | {c['attention']} | "
              f"{'on' if c['checkpointing'] else 'off'} | ")
+    predicted = "-" if c["predicted_mib"] is None else f"{c['predicted_mib']:,.0f}"
     if "error" in c:
-        return where + f"{c['error']} | - | {c['predicted_mib']:,.0f} | - | - |"
-    ratio = f"{c['allocated_mib'] / c['predicted_mib']:.2f}" if c["measured"] else "- (CPU: RSS)"
-    return where + (f"{c['allocated_mib']:,.0f} | {c['reserved_mib']:,.0f} | {c['predicted_mib']:,.0f} | {ratio} | "
-                    f"{c['seconds']:.2f} |")
+        return where + f"{c['error']} | - | {predicted} | - | - |"
+    ratio = ("- (CPU: RSS)" if not c["measured"] else "-" if c["predicted_mib"] is None
+             else f"{c['allocated_mib'] / c['predicted_mib']:.2f}")
+    return where + f"{c['allocated_mib']:,.0f} | {c['reserved_mib']:,.0f} | {predicted} | {ratio} | {c['seconds']:.2f} |"
 
 
 HEADER = ("| student | row (samples x tokens) | attention | checkpointing | allocated peak MiB | reserved peak MiB | "

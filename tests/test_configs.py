@@ -118,7 +118,8 @@ def test_placeholder_paths_fail_by_key_and_value_before_any_work(path, paths, mo
         raise AssertionError("train() called with a bad config")
 
     monkeypatch.setattr(actfirst.train.trainer.Trainer, "train", no_work)
-    assert cli.main(["--config", str(path)]) == 2
+    # One rank here: the config's 2 tasks per rank are for 8 (the layout check would speak first).
+    assert cli.main(["--config", str(path), "rollout.tasks_per_rank=null"]) == 2
     assert f"student.model='/models/Qwen3-{size}': no such directory" in capsys.readouterr().err
 
 
@@ -214,6 +215,8 @@ def test_sleep_needs_an_engine_that_is_idle_during_the_update():
     (["--nproc-per-node", "0"], "--nproc-per-node=0: must be >= 1"),
     (["--nproc-per-node", "5"], "batch_samples=48: must be a multiple of the ranks (5) x num_minibatches (2)"),
     (["--nproc-per-node", "2", "rollout.batch_tasks=1"], "rollout.batch_tasks=1: fewer than the 2 ranks"),
+    (["--nproc-per-node", "2", "rollout.tasks_per_rank=3"], "rollout.tasks_per_rank=3: 2 ranks x 3 is not "
+                                                            "rollout.batch_tasks="),
 ])
 def test_a_layout_the_ranks_cannot_share_is_refused_before_launch(args, named, capsys, tmp_path):
     import actfirst.run as cli

@@ -50,7 +50,8 @@ def test_shrunken_device_check_runs_every_step_and_writes_its_rows(tmp_path):
     probe = json.loads((out / "memory_probe.json").read_text())["cases"]
     assert len(probe) == 8  # (checkpointing off, on) x (two samples, one) x (sdpa, flex)
     ran = [c for c in probe if c["attention"] == "sdpa"]
-    assert len(ran) == 4 and all(c["allocated_mib"] > 0 and c["predicted_mib"] > 0 for c in ran), ran
+    assert len(ran) == 4 and all(c["allocated_mib"] > 0 for c in ran), ran
+    assert all(c["predicted_mib"] is None for c in probe)  # the plan measured no tiny shape: nothing to compare
     assert sections["memory_probe"].count("\n| tiny |") == 8
 
     assert re.search(r"^\| 8B \| 512 \| 64 \| fp32 \|", sections["head_grad_error"], re.MULTILINE)

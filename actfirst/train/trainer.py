@@ -154,6 +154,11 @@ def check_layout(cfg: TrainConfig, world_size: int) -> None:
         raise ConfigError(f"batch_samples={cfg.batch_samples}: must be a multiple of the ranks ({world_size}) x "
                           f"num_minibatches ({cfg.num_minibatches}), so that every optimizer step takes an equal share "
                           f"from every rank")
+    per_rank = cfg.rollout.tasks_per_rank
+    if per_rank is not None and per_rank * world_size != cfg.rollout.batch_tasks:
+        raise ConfigError(f"rollout.tasks_per_rank={per_rank}: {world_size} ranks x {per_rank} is not "
+                          f"rollout.batch_tasks={cfg.rollout.batch_tasks}; set one of them for this number of ranks "
+                          f"(or tasks_per_rank=null to deal the batch over the ranks)")
     if cfg.rollout.batch_tasks < world_size:
         raise ConfigError(f"rollout.batch_tasks={cfg.rollout.batch_tasks}: fewer than the {world_size} ranks (each "
                           f"rank plays its share of every rollout batch)")

@@ -110,7 +110,7 @@ def _optim_state(policy, optimizer):
     return {n: {k: full_tensor(v).clone() for k, v in optimizer.state[p].items()} for n, p in policy.named_parameters()}
 
 
-def _update(model_dir, ctx, samples, num_samples, save_dir):
+def _update(model_dir, ctx, samples, totals, save_dir):
     """One update on ``ctx``'s mesh: gradients, metrics, weights gathered after it, the collectives of the step and
     of the gather, the optimizer state; a training checkpoint in ``save_dir``."""
     from transformers import AutoTokenizer
@@ -121,7 +121,7 @@ def _update(model_dir, ctx, samples, num_samples, save_dir):
 
     policy = _policy(model_dir, ctx)
     up = _updater(policy)
-    up.accumulate_gradients(samples, 0, num_samples=num_samples)
+    up.accumulate_gradients(samples, 0, totals)
     grads = {n: full_tensor(p.grad).clone() for n, p in policy.model.named_parameters()}
     up.optimizer.zero_grad(set_to_none=True)
     with CollectiveLog() as step:
@@ -160,9 +160,10 @@ def mesh_rank(model_dir, shards, unscored, out_dir):
     """One of 4 ranks (2 nodes of 2): the same update, teacher scoring and checkpoint on the hybrid mesh and on the
     flat one (the same process group), then each checkpoint loaded on the other mesh."""
     from actfirst.parallel.context import init_parallel
+    from actfirst.train.student import BatchTotals
 
     hybrid, flat = init_parallel(mesh="auto"), init_parallel(mesh="flat")
-    samples, total = shards[hybrid.rank], sum(len(s) for s in shards)
+    samples, total = shards[hybrid.rank], BatchTotals.of([s for shard in shards for s in shard])
     out = {"dims": (hybrid.mesh.mesh_dim_names, flat.mesh.mesh_dim_names)}
     for name, ctx in (("hybrid", hybrid), ("flat", flat)):
         out[name] = _update(model_dir, ctx, samples, total, f"{out_dir}/{name}")
