@@ -19,9 +19,8 @@ Rows, as the trainer packs them (``actfirst.train.packing``: position ids that r
   flash path and expands the KV heads (``repeat_kv``);
 - ``packed_flex``: two samples, flex attention with a block mask (transformers expands the KV heads here too when
   heads / KV heads is not a power of two: Qwen2.5-1.5B and 7B).
-Each with and without activation checkpointing (``checkpoint_blocks``: ``actfirst.parallel.checkpointing``'s
-non-reentrant checkpoint of each decoder layer, what ``parallel.activation_checkpointing`` does before
-``fully_shard``); with it, a
+Each with and without activation checkpointing (``checkpoint_blocks``: non-reentrant ``torch.utils.checkpoint``
+around each decoder layer, what ``parallel.activation_checkpointing`` does before ``fully_shard``); with it, a
 layer keeps only its inputs and the backward recomputes one layer at a time, which then holds the uncheckpointed
 figure once.
 
@@ -47,9 +46,9 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch.utils.checkpoint import checkpoint
 
 from actfirst.files import write_atomically
-from actfirst.parallel.checkpointing import apply_activation_checkpointing
 
 OUT = Path(__file__).with_name("activation_bytes.json")
 SHAPES = {
@@ -66,10 +65,22 @@ SHAPES = {
 ROWS = {"one": ("sdpa", 1), "packed_sdpa": ("sdpa", 2), "packed_flex": ("flex_attention", 2)}
 
 
+class CheckpointedBlock(torch.nn.Module):
+    """A decoder layer whose forward keeps only its inputs; the backward recomputes it (non-reentrant)."""
+
+    def __init__(self, block: torch.nn.Module) -> None:
+        super().__init__()
+        self.block = block
+
+    def forward(self, *args, **kwargs):
+        return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
 def checkpoint_blocks(model: torch.nn.Module) -> None:
-    """Activation checkpointing on each decoder layer of ``model`` (a transformers ``Qwen3Model`` / ``Qwen2Model``),
-    as the trainer applies it (``parallel.activation_checkpointing``)."""
-    apply_activation_checkpointing(model, model.layers)
+    """Wrap each decoder layer of ``model`` (a transformers ``Qwen3Model`` / ``Qwen2Model``) in a checkpoint. The
+    same non-reentrant checkpoint as ``actfirst.parallel.checkpointing``'s, as a wrapper: the composable form keeps a
+    layer's input outside autograd's saved-tensor hooks, where the probe's count would not see it."""
+    model.layers = torch.nn.ModuleList(CheckpointedBlock(b) for b in model.layers)
 
 
 def allow_flex_forward_for_backward_on_cpu() -> None:
