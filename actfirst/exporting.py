@@ -23,13 +23,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from actfirst.eval_report import load_report
 from actfirst.files import fsync_path
+from actfirst.models.hub import hub_name, is_hub_id
 from actfirst.rollout.strategies import STRATEGIES
 from actfirst.train.checkpoint import load_checkpoint
 from actfirst.train.plots import read_records
@@ -39,8 +39,6 @@ EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 MODEL_FILES = ("config.json", "generation_config.json")
 """Copied from the checkpoint (``config.json`` with the export's dtype)."""
 SAFETENSORS_INDEX = "model.safetensors.index.json"
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-"""A Hugging Face Hub model id (``Qwen/Qwen3-1.7B``)."""
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
@@ -135,8 +133,11 @@ def model_card(checkpoint: Path, state: dict[str, Any], *, dtype: str, command: 
     base, teacher = str(cfg["student"]["model"]), str(cfg["teacher"])
     front = ["---", "library_name: transformers", "pipeline_tag: text-generation",
              f"tags: [actfirst, on-policy-distillation, {cfg['benchmark']}]"]
-    if HUB_ID.fullmatch(base) and not Path(base).exists():
-        front.append(f"base_model: {base}")
+    base_id = hub_name(base) or (base if is_hub_id(base) and not Path(base).exists() else None)
+    if base_id is not None:  # a resolved snapshot names its Hub id and commit (the run's student.revision)
+        front.append(f"base_model: {base_id}")
+        revision = cfg["student"].get("revision")
+        base = f"{base_id}" + (f" (revision {revision})" if revision else "")
     lines = [*front, "---", "", f"# {label} student on {cfg['benchmark']}", "",
              f"A student model distilled on-policy from a teacher by {label} (`rollout.strategy: {strategy}`) with "
              "ActFirst, exported from a training checkpoint.", "",

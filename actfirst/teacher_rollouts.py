@@ -4,20 +4,25 @@
         [--per-task 10] [--tasks N] [--config ENVYAML] [key=value ...]   # rollout.*, engine.*, scheduler.* as eval
 
 The command line over ``actfirst.teacher_candidates`` (how the teacher plays and what is kept: its docstring). The
-JSONL it writes is what ``python -m actfirst.references build --candidates`` reads.
+JSONL it writes is what ``python -m actfirst.references build --candidates`` reads. Each task's candidates go to the
+journal ``<out>.partial`` as soon as its rollouts finish (``actfirst.journal``): a killed run, started again with the
+same arguments, plays only the tasks the journal lacks (delete the journal to start over); ``<out>`` is written
+atomically once every task is done.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
+from pathlib import Path
 
 from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark
 from actfirst.evaluation import pick_tasks, served, serving_configs
 from actfirst.models.hub import resolve_model
-from actfirst.teacher_candidates import MAX_REPEATS, teacher_candidates, write_candidates
+from actfirst.teacher_candidates import MAX_REPEATS, merge_candidates, play_share
 from actfirst.user_input import check_writable_file, command, positive_int
 
 
@@ -41,16 +46,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _main(args: argparse.Namespace, benchmark: Benchmark, rollout: RolloutConfig, engine_cfg: EngineConfig,
-                scheduler_cfg: SchedulerConfig) -> dict[str, list[list[str]]]:
+                scheduler_cfg: SchedulerConfig) -> Path:
+    """Play the tasks the journal of ``--out`` lacks, then write ``--out`` from it; returns its path."""
     tasks = pick_tasks(benchmark, benchmark.tasks(args.split), args.tasks)
     print(f"[teacher {benchmark.name}] {len(tasks)} {args.split} tasks x {args.per_task} rollouts, teacher "
           f"{args.teacher}", flush=True)
     async with served(engine_cfg, scheduler_cfg) as (engine, tokenizer):
-        candidates = await teacher_candidates(engine, tokenizer, benchmark, tasks, per_task=args.per_task,
-                                              rollout=rollout, max_in_flight=args.max_in_flight, seed=args.seed)
-    print(f"[teacher {benchmark.name}] {len(candidates)}/{len(tasks)} tasks with a kept rollout, "
-          f"{sum(map(len, candidates.values()))} distinct sequences", flush=True)
-    return candidates
+        await play_share(engine, tokenizer, benchmark, tasks, out=args.out, per_task=args.per_task, rollout=rollout,
+                         max_in_flight=args.max_in_flight, seed=args.seed)
+    path = merge_candidates(args.out, [benchmark.task_key(t) for t in tasks])
+    kept = [json.loads(line)["task"] for line in path.read_text().splitlines()]
+    print(f"[teacher {benchmark.name}] {len(set(kept))}/{len(tasks)} tasks with a kept rollout, {len(kept)} distinct "
+          f"sequences", flush=True)
+    return path
 
 
 @command
@@ -69,8 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     benchmark, rollout, engine_cfg, scheduler_cfg = serving_configs(
         str(teacher), args.benchmark, args.config, args.overrides, max_in_flight=args.max_in_flight,
         budget="total")
-    candidates = asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))
-    print(f"wrote {write_candidates(args.out, candidates)}", flush=True)
+    print(f"wrote {asyncio.run(_main(args, benchmark, rollout, engine_cfg, scheduler_cfg))}", flush=True)
     return 0
 
 

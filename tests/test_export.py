@@ -179,3 +179,33 @@ def test_export_refusals(run, tmp_path):
     proc = cli(*hub, env=env, status=2)
     assert "--push-to-hub='someone/demo': no Hugging Face token" in proc.stderr
     assert not (tmp_path / "y").exists()
+
+
+def test_the_model_card_names_a_hub_base_model_by_id_and_commit(tmp_path):
+    """A student resolved from the Hub runs from its cache snapshot; the card names the id and the commit, not the
+    snapshot's path."""
+    from actfirst.exporting import model_card
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-1.7B" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    state = {"update": 3, "config": {"student": {"model": str(snapshot), "revision": commit},
+                                     "teacher": "/models/teacher", "benchmark": "alfworld", "num_updates": 9,
+                                     "batch_samples": 8, "rollout": {"strategy": "actfirst"}}}
+    card = model_card(tmp_path / "run" / "checkpoints" / "update_000003", state, dtype="bfloat16", command="")
+    assert "base_model: Qwen/Qwen3-1.7B\n" in card
+    assert f"| `Qwen/Qwen3-1.7B (revision {commit})` |" in card and str(snapshot) not in card
+
+
+def test_the_trackers_get_every_evaluation_at_its_update(run):
+    """TensorBoard (``report_to``'s default) holds each evaluation's SR at the update it evaluated, as evals.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from actfirst.train.trackers import TensorBoardTracker
+
+    rows = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(TensorBoardTracker.log_dir(run)), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = {e.step: e.value for e in events.Scalars("eval/SR/mean")}
+    assert logged == pytest.approx({r["update"]: r["summary"]["SR"]["mean"] for r in rows}) and len(rows) == 2
+    assert "eval/eval_wall_s" in events.Tags()["scalars"]

@@ -276,3 +276,26 @@ def test_a_killed_preparation_resumes_with_the_missing_tasks_only(one_rank, teac
     for path in journal_paths(out):  # the cut line was cut off before the next append
         assert all(json.loads(line)["task"] in keys for line in path.read_text().splitlines())
     assert merge_candidates(out, keys).read_text() == one_rank[0]
+
+
+def test_cli_resumes_from_its_journal_and_writes_out_at_the_end(tiny_model_dir, tmp_path):
+    """The command line journals each task: a journal left by a killed run (here one task's line, written by hand)
+    is not played again, its candidates reach ``--out``, and the journal is gone once ``--out`` is written."""
+    from actfirst.evaluation import pick_tasks, serving_configs
+
+    overrides = ["max_turns=2", "rollout.max_prompt_tokens=900", "rollout.budget.total=32",
+                 "rollout.budget.first_stage=24", "engine.max_model_len=1024"]
+    benchmark, *_ = serving_configs(str(tiny_model_dir), "scienceworld", None, overrides, max_in_flight=2,
+                                    budget="total")
+    first, second = (benchmark.task_key(t) for t in pick_tasks(benchmark, benchmark.tasks("train"), 2))
+    out = tmp_path / "c.jsonl"
+    journal_path(out, 0).write_text(json.dumps({"task": first, "candidates": [["look around"]]}) + "\n")
+    cmd = [sys.executable, "-m", "actfirst.teacher_rollouts", "--teacher", str(tiny_model_dir), "--benchmark",
+           "scienceworld", "--out", str(out), "--tasks", "2", "--per-task", "1", "--max-in-flight", "2", *overrides]
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=Path(__file__).parents[1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "1 of 2 tasks to play (1 done before)" in proc.stdout, proc.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {"task": first, "actions": ["look around"]} in rows and {r["task"] for r in rows} <= {first, second}
+    assert not journal_paths(out)

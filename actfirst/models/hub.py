@@ -42,6 +42,15 @@ def model_commit(path: str | os.PathLike) -> str:
     return "local"
 
 
+def hub_name(path: str | os.PathLike) -> str | None:
+    """The Hub repo id a resolved snapshot directory holds (``<cache>/models--Qwen--Qwen3-1.7B/snapshots/<commit>``
+    holds ``Qwen/Qwen3-1.7B``), or None for any other directory."""
+    if model_commit(path) == "local":
+        return None
+    owner, _, name = Path(path).absolute().parent.parent.name.removeprefix("models--").partition("--")
+    return f"{owner}/{name}" if owner and name else None
+
+
 def download_command(name: str, revision: str | None) -> str:
     """The command that puts Hub model ``name`` (at ``revision``) into the Hugging Face cache."""
     return f"hf download {name}" + (f" --revision {revision}" if revision else "")

@@ -79,6 +79,14 @@ class MetricsSink:
         for tracker in self.trackers:
             tracker.log(update, scalars)
 
+    def log_evaluation(self, update: int, row: dict[str, Any]) -> None:
+        """Give every tracker an evaluation's figures (``evals.jsonl``'s row, written there by the trainer) under
+        ``eval/`` at the update it evaluated: SR, Score and Round as mean and SD over seeds, per split too."""
+        scalars = scalar_metrics({"eval": {"eval_wall_s": row["eval_wall_s"], **row["summary"],
+                                           **{f"split/{k}": v for k, v in row["splits"].items()}}})
+        for tracker in self.trackers:
+            tracker.log(update, scalars)
+
     def log_image(self, update: int, key: str, path: str | Path | None) -> None:
         """Give every tracker the PNG at ``path`` (None: nothing was drawn)."""
         if path is not None:

@@ -668,6 +668,7 @@ class Trainer:
                "splits": {split: report.summary(split=split) for split in report.splits}}
         with (self.out_dir / "evals.jsonl").open("a") as f:
             f.write(json.dumps(row, default=str) + "\n")
+        self.sink.log_evaluation(update, row)
         lo, hi = summary["SR_ci95_pooled"]
         best = self.cfg.keep_best and record_best(self.out_dir, update=update, sr=summary["SR"]["mean"],
                                                   keep=self.cfg.keep_checkpoints)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from actfirst.config import ConfigError
-from actfirst.models.hub import is_hub_id, model_commit, resolve_model
+from actfirst.models.hub import hub_name, is_hub_id, model_commit, resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TEACHER = ROOT / "assets" / "demo" / "teacher"
@@ -72,7 +72,8 @@ def test_a_hub_id_resolves_offline_to_its_cached_snapshot_which_loads(offline_ca
 
     snapshot = cache_model(offline_cache, "road-test/tiny", tiny_model_dir)
     path = resolve_model("road-test/tiny", "student.model")
-    assert path == snapshot and model_commit(path) == COMMIT
+    assert path == snapshot and model_commit(path) == COMMIT and hub_name(path) == "road-test/tiny"
+    assert hub_name(tiny_model_dir) is None
     assert AutoConfig.from_pretrained(path).hidden_size == 64
     tokenizer = AutoTokenizer.from_pretrained(path)
     assert tokenizer.encode("<think>") == AutoTokenizer.from_pretrained(tiny_model_dir).encode("<think>")
