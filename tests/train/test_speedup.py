@@ -3,6 +3,8 @@ sums, the cases without fast actions or full responses, each run's own figures a
 each method's own records. (The loop tests check that every metrics line and wall_clock.json carry the figures.)"""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +99,18 @@ def test_run_figures_read_back_and_the_line(tmp_path):
     assert "measured 1.25x" in line and "own records 2.50x" in line and f"T=12 {24 / 4.75:.2f}x" in line
     assert "l_fast 250 ms, l_full 2000 ms" in line
     assert speedup_line(own=None, calibration=None, turns=4).endswith("no figures")
+
+
+def test_calibration_command_names_bad_input(tmp_path, capsys, paths):
+    """``bench/speedup_calibration.py``: a bad argument or a run that has not finished is named, exit 2 (nothing
+    starts)."""
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    from speedup_calibration import main
+
+    config = str(Path(__file__).parents[2] / "configs" / "demo" / "scienceworld_lifespan.yaml")
+    assert main(["--config", config, "--episodes", "0", *paths]) == 2
+    assert "--episodes=0: must be >= 1" in capsys.readouterr().err
+    assert main(["--config", config, *paths, "--turns", "12", "0"]) == 2
+    assert "--turns=[12, 0]" in capsys.readouterr().err
+    assert main(["--config", config, "--runs", str(tmp_path), str(tmp_path), *paths]) == 2
+    assert f"--runs: {str(tmp_path)!r} has no finished run's rollout_model" in capsys.readouterr().err
