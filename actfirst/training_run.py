@@ -80,7 +80,7 @@ def write_summary(cfg: TrainConfig, config: str | None, result: TrainResult) -> 
                "sr_change": run_sr_change(Path(cfg.out_dir), evals), "probe_gaps": result.probe_gaps,
                "throughput": {k.removeprefix("throughput/"): last.get(k) for k in (
                    "throughput/full_window", "throughput/first_600s", "throughput/window_s")},
-               "rollout_speedup_model": {k: last.get(f"speedup/run_{k}") for k in ("measured", "eq36", "eq26")},
+               "rollout_model": clock.get("rollout_model"),
                "transitions": result.num_transitions, "weight_version": result.weight_version,
                "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
     (Path(cfg.out_dir) / "run_summary.json").write_text(json.dumps(summary, indent=1))
@@ -113,11 +113,17 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
         lines.append(f"  environment transitions per second (C.5, Eq. 37): {rate['full_window']:.2f} over the training "
                      f"window ({rate['window_s']:.0f} s), {rate['first_600s']:.2f} over its first "
                      f"{min(600, rate['window_s']):.0f} s")
-    model = summary["rollout_speedup_model"]
-    if model["eq36"] is not None:
-        lines.append(f"  rollout speedup over Vanilla OPD's Eq. 36 time from this run's requests: measured "
-                     f"{model['measured']:.2f}x, Eq. 36 {model['eq36']:.2f}x, Eq. 26's bound {model['eq26']:.2f}x "
-                     f"(actfirst.train.speedup)")
+    model = summary["rollout_model"]
+    if model is not None and model["eq36_s_per_batch"] is not None:
+        fast = "-" if model["l_fast_s"] is None else f"{model['l_fast_s'] * 1e3:.0f} ms"
+        lines.append(f"  rollout batches ({model['batches']}, this run's own requests; actfirst.train.speedup): "
+                     f"Eq. 36 {model['eq36_s_per_batch']:.1f} s per batch, measured {model['measured_s_per_batch']:.1f}"
+                     f" s; in-slot l_fast {fast}, l_full {model['l_full_s'] * 1e3:.0f} ms; "
+                     f"{model['turns_per_episode']:.1f} turns per episode")
+        stand_in = model["stand_in"]
+        if model["l_fast_s"] is not None and stand_in["eq36"] is not None:
+            lines.append(f"  in-run stand-in (this run's full responses as Vanilla's, not a comparison): Eq. 36 "
+                         f"{stand_in['eq36']:.2f}x, measured {stand_in['measured']:.2f}x")
     teacher = summary["teacher"]
     if teacher is not None:
         lo, hi = teacher["SR_ci95_pooled"]

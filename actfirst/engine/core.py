@@ -43,13 +43,15 @@ class RequestRecord:
     arrival_seq: int
     admit_seqs: list[int]
     queue_wait_s: float
+    """Waiting for admission (``GenerationResult.queue_wait_s``)."""
     latency_s: float
+    """In-slot: admission to completion, the queue wait excluded (``GenerationResult.latency_s``)."""
     num_tokens: int
     num_preemptions: int
 
 
 def summarize_records(records: list[RequestRecord]) -> dict[str, dict[str, float]]:
-    """Queue wait and latency (p50, p95, max; milliseconds) and counts by request kind."""
+    """Queue wait and in-slot latency, apart (p50, p95, max; milliseconds), and counts by request kind."""
 
     def pct(values: list[float], q: float) -> float:
         return 1e3 * sorted(values)[min(len(values) - 1, int(q * len(values)))]
@@ -271,7 +273,7 @@ class ActFirstEngine:
             cut = text.find(stop)
             if cut >= 0:
                 text = text[: cut + len(stop)]
-        latency = request.finished_time - request.arrival_time
+        latency = request.in_slot_s
         result = GenerationResult(
             request_id=request.request_id, kind=request.kind, token_ids=list(request.output_token_ids), text=text,
             logprobs=list(request.output_logprobs), finish_reason=FINISH_REASONS[status],

@@ -79,9 +79,12 @@ class GenerationResult:
     weight_version: int
     """Version of the weights that generated every token (see ``ActFirstEngine.update_weights``)."""
     queue_wait_s: float
-    """Time spent waiting for admission (including any time paused by preemption)."""
+    """Time spent waiting for admission: before the first, and while paused by preemption or requeued by a weight
+    update."""
     latency_s: float
-    """Submission to completion."""
+    """In-slot time: admission to completion, the queue wait excluded. A request that left its slot (preempted, or
+    requeued by a weight update) and came back has the sum of its in-slot spans, the span whose tokens a requeue
+    dropped included (the slot was held). ``queue_wait_s + latency_s`` is submission to completion."""
     num_preemptions: int
 
 
@@ -108,6 +111,10 @@ class Request:
         self.admit_seqs: list[int] = []
         self.wait_started = arrival_time
         self.queue_wait_s = 0.0
+        self.slot_started = arrival_time
+        """When it was last admitted (meaningful while RUNNING)."""
+        self.in_slot_s = 0.0
+        """Summed in-slot spans so far (``GenerationResult.latency_s``)."""
         self.finished_time: float | None = None
 
     @property

@@ -104,6 +104,7 @@ class Scheduler:
     def _admit(self, request: Request) -> Request:
         now = time.perf_counter()
         request.queue_wait_s += now - request.wait_started
+        request.slot_started = now
         request.status = RequestStatus.RUNNING
         request.attempt += 1
         request.admit_seqs.append(self.next_seq())
@@ -111,16 +112,19 @@ class Scheduler:
         self.num_running_full += request.kind == RequestKind.FULL_RESPONSE
         return request
 
-    def _remove_running(self, request: Request) -> None:
+    def _remove_running(self, request: Request, now: float) -> None:
+        """Free the request's slot at ``now`` (its in-slot span ends)."""
         del self.running[request.request_id]
         self.num_running_full -= request.kind == RequestKind.FULL_RESPONSE
+        request.in_slot_s += now - request.slot_started
 
     def _preempt_latest_full_response(self) -> Request:
         victim = next(r for r in reversed(self.running.values()) if r.kind == RequestKind.FULL_RESPONSE)
-        self._remove_running(victim)
+        now = time.perf_counter()
+        self._remove_running(victim, now)
         victim.status = RequestStatus.PREEMPTED
         victim.num_preemptions += 1
-        victim.wait_started = time.perf_counter()
+        victim.wait_started = now
         # It arrived before every waiting full response (FCFS within a kind), so it goes back in front.
         self.waiting.prepend(victim)
         return victim
@@ -128,15 +132,17 @@ class Scheduler:
     # -- requests out ---------------------------------------------------------------------------------------------
 
     def finish_request(self, request: Request, status: RequestStatus) -> None:
-        """Move a running or waiting request to a finished status."""
+        """Move a running or waiting request to a finished status (a waiting one's queue wait ends here)."""
         assert status.is_finished, status
+        now = time.perf_counter()
         if request.request_id in self.running:
-            self._remove_running(request)
+            self._remove_running(request, now)
             self._sample()
         elif not request.status.is_finished:
             self.waiting.remove(request)
+            request.queue_wait_s += now - request.wait_started
         request.status = status
-        request.finished_time = time.perf_counter()
+        request.finished_time = now
 
     def requeue_all(self) -> list[Request]:
         """Send every running request back to the front of its queue and drop every partial output.
@@ -147,7 +153,7 @@ class Scheduler:
         was_running = sorted(self.running.values(), key=lambda r: r.arrival_seq, reverse=True)
         now = time.perf_counter()
         for request in was_running:
-            self._remove_running(request)
+            self._remove_running(request, now)
             request.status = RequestStatus.WAITING
             request.wait_started = now
             self.waiting.prepend(request)

@@ -87,7 +87,7 @@ from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts
 from actfirst.train.packing import attention_implementation
 from actfirst.train.plots import WALL_CLOCK, plot_training_curve, read_records
 from actfirst.train.speedup import FIELDS as SPEEDUP_FIELDS
-from actfirst.train.speedup import EpisodeLatencies, batch_times, speedups
+from actfirst.train.speedup import EpisodeLatencies, batch_times, run_figures, speedups
 from actfirst.train.state import load_training_checkpoint, save_training_checkpoint
 from actfirst.train.student import StudentUpdater
 from actfirst.train.teacher import TeacherScorer
@@ -402,6 +402,7 @@ class Trainer:
             self.clock.beat()
             write_atomically(self.out_dir / WALL_CLOCK, json.dumps({
                 **account(self.out_dir / CLOCK), "updates": self.cfg.num_updates,
+                "rollout_model": {**run_figures(self.clock.rollout_times), "sums": dict(self.clock.rollout_times)},
                 "definition": f"{SPEEDUP_FIGURE} (every speedup's figure) follows Appendix C.3: the trainer's "
                 "initialization to its shutdown, evaluation and the probe excluded, summed over the sessions of a "
                 "resumed run without the updates they did again (lost_s); teacher training and reference "

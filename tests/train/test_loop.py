@@ -127,6 +127,9 @@ def check_wall_clock(run_dir, rows):
     assert all(r["probe_s"] > 0 for r in rows)
     assert abs(wall["probe_s"] - sum(r["probe_s"] for r in rows)) < 1e-6
     assert json.loads((run_dir / "run_summary.json").read_text())["wall_clock"]["train_s"] == wall["train_s"]
+    model = wall["rollout_model"]  # the run's own rollout figures (actfirst.train.speedup.run_figures)
+    assert model["batches"] == sum(r["rollout_batches"] for r in rows) > 0
+    assert model["eq36_s_per_batch"] > 0 and model["measured_s_per_batch"] > 0 and model["l_full_s"] > 0
 
 
 def check_rollout_diagnostics(rows):
