@@ -20,20 +20,22 @@ class Transition:
     """What one reset or step returns.
 
     ``admissible`` is the full list used for action validation (ALFWorld: without help; WebShop: the clickable
-    targets, lowercased, plus ``search[...]`` availability in ``has_search_bar``). ``templates``/``objects`` are
-    ScienceWorld's action templates and possible objects shown in its prompts.
+    targets, lowercased, plus ``search[...]`` availability in ``has_search_bar``); None where the episode was reset
+    with ``admissible=False`` and the environment left it out (ScienceWorld: ``TextEnv.admissible`` builds it when
+    asked). ``templates``/``objects`` are ScienceWorld's action templates and possible objects shown in its prompts.
     """
 
     observation: str
-    admissible: tuple[str, ...]
+    admissible: tuple[str, ...] | None
     score: float
     """Episode score so far on [0, 100] (Appendix C.1: ALFWorld 0/100, ScienceWorld the highest score reached,
     WebShop the purchase reward x 100)."""
     done: bool
     """The environment's termination flag (what the transition checks compare; the turn limit is not termination)."""
     won: bool
-    valid: bool = True
-    """Whether the executed action was valid (Appendix B.5's validity rule); True after reset."""
+    valid: bool | None = True
+    """Whether the executed action was valid (Appendix B.5's validity rule); True after reset; None where the
+    admissible list of the state it left was never built (an episode reset with ``admissible=False``)."""
     turn: int = 0
     """Executed actions so far in the episode, invalid ones included."""
     truncated: bool = False
@@ -73,8 +75,11 @@ class TextEnv(abc.ABC):
     max_turns: int
 
     @abc.abstractmethod
-    def reset(self, task: Any) -> Transition:
-        """Start an episode of ``task`` (the benchmark's task object); returns the first observation."""
+    def reset(self, task: Any, admissible: bool = True) -> Transition:
+        """Start an episode of ``task`` (the benchmark's task object); returns the first observation.
+        ``admissible=False``: the caller needs neither the admissible lists nor the validity flags but where it asks
+        (``admissible()``); an environment whose lists cost a step's worth of time and are not shown in its prompts
+        (ScienceWorld) leaves them out, the others ignore it."""
 
     @abc.abstractmethod
     def step(self, action: str) -> Transition:
@@ -83,6 +88,10 @@ class TextEnv(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release the simulator (JVM, game process)."""
+
+    def admissible(self) -> tuple[str, ...]:
+        """The current state's full admissible-action list, for a transition that left it out (None)."""
+        raise NotImplementedError(f"benchmark {self.benchmark!r} gives its admissible list with every transition")
 
     def state(self) -> EnvState:
         """The state after the last reset or step (C.5's state equality), read from what that call already

@@ -34,7 +34,7 @@ __all__ = ["EnvError", "EnvPool", "EnvWorker", "WorkerDied"]
 _START_TIMEOUT_S = 120.0
 """How long a worker may take to build its environment (ScienceWorld: start a JVM), and at least how long the
 first call after a (re)start may take (a fresh simulator's first task load is part of its start)."""
-_CONTINUES_EPISODE = frozenset({"step", "state"})
+_CONTINUES_EPISODE = frozenset({"step", "state", "admissible"})
 """Calls that need the state of the episode in flight (every other call starts from scratch)."""
 
 
@@ -289,14 +289,15 @@ class EnvWorker:
             for fd in fds:
                 loop.remove_reader(fd)
 
-    def reset(self, task: Any):
-        return self.call("reset", task)
+    def reset(self, task: Any, admissible: bool = True):
+        return self.call("reset", task, admissible)
 
     def step(self, action: str):
         return self.call("step", action)
 
-    async def areset(self, task: Any):
-        return await self.acall("reset", task)
+    async def areset(self, task: Any, admissible: bool = True):
+        """``TextEnv.reset``: with ``admissible=False`` the episode's lists are built only where asked for."""
+        return await self.acall("reset", task, admissible)
 
     async def astep(self, action: str):
         return await self.acall("step", action)

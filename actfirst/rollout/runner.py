@@ -203,6 +203,10 @@ class RolloutRunner:
         """A full response for every visited context (Sec. 4.3); False: only where its action is executed."""
         self.trace = trace
         """Keep each episode's transitions and environment states (``EpisodeResult.transitions``, ``states``)."""
+        self.admissible_lists = evaluation or trace
+        """Every transition carries its admissible list and every turn its validity (the invalid-turn counts of an
+        evaluation, C.5's validity in a trace); otherwise an environment that can (ScienceWorld) builds the list
+        only for the guided turns, whose B.5 check reads it."""
         # D.5 (Search): at evaluation, an episode truncated at the turn limit gets one more turn.
         self.forced_answer = evaluation and benchmark.forced_answer_turn
 
@@ -236,7 +240,7 @@ class RolloutRunner:
                       threshold=threshold)
         guided_episode = ep.guidance.active
         try:
-            ep.current = ep.last = await worker.areset(task)
+            ep.current = ep.last = await worker.areset(task, self.admissible_lists)
             await self._trace(ep, worker, ep.current)
             for t in range(self.strategy.horizon(batch, self.benchmark.max_turns) + self.forced_answer):
                 if not await self._turn(ep, worker, t):
@@ -262,8 +266,11 @@ class RolloutRunner:
 
     async def _turn(self, ep: _Episode, worker: EnvWorker, t: int) -> bool:
         """Turn ``t``: choose, execute and check its action; returns whether the episode goes on."""
-        current, reference, guidance = ep.current, ep.reference, ep.guidance
+        reference, guidance = ep.reference, ep.guidance
         guided = guidance.active
+        if guided and ep.current.admissible is None:  # B.5's check (and an ID proposal's validity) reads the list
+            ep.current = dataclasses.replace(ep.current, admissible=await worker.acall("admissible"))
+        current = ep.current
         source = self.strategy.source(guidance, t, len(reference.actions) if reference else 0)
         full_seed, fast_seed = turn_seeds(ep.seed, t)
         full = None

@@ -70,3 +70,55 @@ def test_state_is_the_look_around_and_inventory_stand_in(env):
     assert env.state() == first  # looking changes nothing
     env.step(next(a for a in reset.admissible if a.startswith("go to ")))
     assert env.state().content[0] != first.content[0] and env.state().content[1] == first.content[1]
+
+
+def library_moves(env, task, actions):
+    """Each move of ``actions`` after a reset through ScienceWorldEnv's own reset and step (which build the full
+    admissible list on every move): (observation, clipped best score, done, validity, admissible list, templates,
+    objects, look-around and inventory)."""
+    lib = env._env
+    lib.load(task.task_type, task.variation, "easy")
+    observation, info = lib.reset()
+    moves, best, done, valid = [], 0.0, False, True
+    for action in [None, *actions]:
+        if action is not None:
+            valid = normalize_text(action) in {normalize_text(a) for a in info["valid"]}
+            observation, _, done, info = lib.step(action)
+        best = max(best, min(100.0, max(0.0, float(info["score"]))))
+        moves.append((observation, best, bool(done), valid, tuple(info["valid"]), tuple(lib.get_possible_actions()),
+                      tuple(lib.get_possible_objects()), (info["look"], info["inv"])))
+    return moves, info["taskDesc"].removeprefix("Task Description:").strip()
+
+
+def test_lists_on_demand_keep_every_transition(env):
+    # The same moves with every list built (the default) and with none: the same observations, scores, termination
+    # flags, templates, objects and states as the library's own step gives; without lists no list and no validity.
+    task = ScienceWorldTask("lifespan-longest-lived", 0)
+    actions = ["xyzzy", *env.gold_path(task)]
+    expected, description = library_moves(env, task, actions)
+    for lists in (True, False):
+        got = [env.reset(task, admissible=lists)]
+        states = [env.state()]
+        for action in actions:
+            got.append(env.step(action))
+            states.append(env.state())
+        for move, (obs, best, done, valid, admissible, templates, objects, state), st in zip(got, expected, states):
+            assert (move.observation, move.score, move.done, move.templates, move.objects) == \
+                (obs, best, done, templates, objects)
+            assert move.task_description == description and st.content == state
+            assert (move.admissible, move.valid) == ((admissible, valid) if lists else (None, valid if not move.turn
+                                                                                       else None))
+        assert got[-1].won
+    assert [move[3] for move in expected[1:3]] == [False, False]  # "xyzzy" and the gold path's "open door": invalid
+
+
+def test_a_list_asked_for_is_the_states_and_decides_the_next_validity(env):
+    task = ScienceWorldTask("lifespan-longest-lived", 0)
+    actions = env.gold_path(task)
+    expected, _ = library_moves(env, task, actions)
+    env.reset(task, admissible=False)
+    for t, action in enumerate(actions):
+        if t % 2 == 0:  # asked for on every other state, twice (built once)
+            assert env.admissible() == env.admissible() == expected[t][4]
+        move = env.step(action)
+        assert move.admissible is None and move.valid == (expected[t + 1][3] if t % 2 == 0 else None)

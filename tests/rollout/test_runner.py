@@ -123,6 +123,9 @@ def test_actfirst_fast_actions_fallback_and_invalid_proposal(engine, tiny_model_
                 assert record.proposal is not None
             if record.proposal is not None:
                 assert record.source == ActionSource.NAP_RETRY
+            # A guided turn's check read its state's admissible list, so its validity is known (ScienceWorld builds the
+            # list only there in a training rollout; ALFWorld with every transition).
+            assert record.valid is not None or (record.check is None and setup_name == "scienceworld")
         if fallback is not None:
             assert episode.turns[fallback].check != "passed"
             assert all(r.check == "passed" for r in episode.turns[:fallback])
@@ -133,6 +136,19 @@ def test_actfirst_fast_actions_fallback_and_invalid_proposal(engine, tiny_model_
     # records; reconfigure cleared them before this batch).
     fast = [r for r in engine.records if r.kind.name == "FAST_ACTION"]
     assert len(fast) == sum(1 + (r.proposal is not None) for e in batch.episodes for r in e.turns)
+
+
+def test_scienceworld_builds_admissible_lists_only_where_read(engine, tiny_model_dir, scienceworld):
+    # Vanilla OPD's training rollout runs no check: no list, no validity; an evaluation counts invalid turns: all.
+    for evaluation in (False, True):
+        async def play(pool, kwargs):
+            runner = RolloutRunner(**kwargs, evaluation=evaluation)
+            return await runner.run_batch(scienceworld[1], batch_index=0)
+
+        batch, _ = run(engine, tiny_model_dir, scienceworld, "vanilla", play=play)
+        check_common(batch, scienceworld[0])
+        valid = [r.valid for e in batch.episodes for r in e.turns]
+        assert valid and all((v is None) != evaluation for v in valid)
 
 
 class HeldFullResponseRunner(RolloutRunner):

@@ -61,7 +61,7 @@ class ToyEnv(TextEnv):
     def _admissible(self) -> tuple[str, ...]:
         return ("forward", "back", "wait") if self.room > 0 else ("forward", "wait")
 
-    def reset(self, task: ToyTask) -> Transition:
+    def reset(self, task: ToyTask, admissible: bool = True) -> Transition:
         self.task, self.room, self.turn = task, 0, 0
         return self._transition()
 

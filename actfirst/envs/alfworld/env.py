@@ -81,7 +81,7 @@ class ALFWorldTextEnv(TextEnv):
         self._loaded = ""
         self._state = None  # the game state of the last reset or step
 
-    def reset(self, task: ALFWorldTask) -> Transition:
+    def reset(self, task: ALFWorldTask, admissible: bool = True) -> Transition:
         if task.game_file != self._loaded:  # parsing a game's domain and grammar takes about a second
             self._env.load(task.game_file)
             self._loaded = task.game_file

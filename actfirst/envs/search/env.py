@@ -79,7 +79,7 @@ class SearchTextEnv(TextEnv):
         self.config = config
         self.max_turns = config.max_turns
 
-    def reset(self, task: SearchTask) -> Transition:
+    def reset(self, task: SearchTask, admissible: bool = True) -> Transition:
         self.task = task
         self.turns: list[tuple[str, str]] = []
         self.forced = False

@@ -182,7 +182,7 @@ class WebShopTextEnv(TextEnv):
         self._score = 0.0
         self._instruction = ""
 
-    def reset(self, task: WebShopTask) -> Transition:
+    def reset(self, task: WebShopTask, admissible: bool = True) -> Transition:
         goals = len(self._env.server.goals)
         if not 0 <= task.goal_idx < goals:
             raise ConfigError(f"goal {task.goal_idx} (env.train_goals / env.eval_goals) is outside the {goals} goals "
