@@ -41,8 +41,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--strategies", nargs="+", default=["vanilla", "actfirst"], metavar="STRATEGY",
                         help=f"rollout strategies to compare, of {', '.join(STRATEGIES)}")
     parser.add_argument("--seeds", nargs="+", default=None, metavar="K",
-                        help="training seeds, one run per strategy and seed (default: the config's seed; 6 per method is a "
-                             "reasonable start for the paired interval)")
+                        help="training seeds, one run per strategy and seed (default: the config's seed; "
+                             "6 per method is a reasonable start for the paired interval)")
     parser.add_argument("--out", default="runs/compare",
                         help="one run per strategy and seed in <out>/<strategy>/seed<K>")
     parser.add_argument("--resume", action="store_true",

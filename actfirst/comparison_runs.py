@@ -26,7 +26,8 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -71,8 +72,7 @@ def fix_threshold(config: str | None, overrides: dict[str, list[str]], out: Path
             raise ConfigError(f"compare.threshold={setting!r}: this comparison fixed {fixed['setting']!r} "
                               f"({fixed['threshold']:.1f}%) before its runs ({path}); keep it, or use another --out")
         return fixed
-    with mp.get_context("spawn").Pool(1) as pool:
-        rows = pool.apply(prepare_and_evaluate, (config, overrides, str(out / PREPARED)))
+    rows = in_child(prepare_and_evaluate, config, overrides, str(out / PREPARED))
     warm_sr, teacher_sr = (rows[k]["summary"]["SR"]["mean"] for k in ("warm_start", "teacher"))
     threshold = fixed_threshold(setting, warm_sr, teacher_sr)
     how = (f"warm start {warm_sr:.1f}% + (teacher {teacher_sr:.1f}% - warm start) / 2" if setting == "auto" else
@@ -98,6 +98,13 @@ def prepare_and_evaluate(config: str | None, overrides: dict[str, list[str]], wh
     return rows
 
 
+def in_child(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` in a fresh spawned process (not a daemon: the evaluation starts environment workers);
+    returns its result, raises its exception."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+        return pool.submit(fn, *args, **kwargs).result()
+
+
 def train_run(config: str | None, overrides: Sequence[str], *, resume: bool) -> int:
     """Step 2: one run as ``python -m actfirst.run`` in its own process; returns its exit status."""
     argv = [sys.executable, "-m", "actfirst.run", "--config", str(config or DEMO_CONFIG), *overrides]
@@ -121,9 +128,8 @@ def evaluate_run(config: str | None, overrides: Sequence[str], path: str | Path)
     elapsed = {r["update"]: r["elapsed_s"] for r in read_records(Path(path) / "metrics.jsonl")}
     todo = [(u, str(d), elapsed[u]) for u, d in checkpoints(path) if u not in done]
     if todo:
-        with mp.get_context("spawn").Pool(1) as pool:
-            pool.apply(evaluate_models, (config, list(overrides), todo, Path(path) / "checkpoint_evals"),
-                       {"rows": Path(path) / CHECKPOINT_EVALS})
+        in_child(evaluate_models, config, list(overrides), todo, Path(path) / "checkpoint_evals",
+                 rows=Path(path) / CHECKPOINT_EVALS)
     return len(todo)
 
 

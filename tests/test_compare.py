@@ -89,7 +89,8 @@ def write_run(run_dir: Path, *, wall: float, transitions: int, evals: list[tuple
                for u in range(1, updates + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     rows = [eval_record(u, t, s, benchmark) for u, t, s in evals]
-    (run_dir / CHECKPOINT_EVALS).write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))  # NaN as the trainer
+    # NaN as the evaluation writes it
+    (run_dir / CHECKPOINT_EVALS).write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
 @pytest.fixture
@@ -371,7 +372,8 @@ def test_unknown_strategy_is_refused(capsys):
                                        (["--seeds", "one"], "as an integer"),
                                        (["out_dir=x"], "set by the comparison"),
                                        (["seed=3"], "use --strategies, --seeds and --out"),
-                                       (["rollout.strategy=vanilla"], "set by the comparison")])
+                                       (["rollout.strategy=vanilla"], "set by the comparison"),
+                                       (["checkpoint_every=5"], "use compare.checkpoint_every")])
 def test_other_refusals(capsys, argv, why):
     with pytest.raises(SystemExit):
         parse_args(argv)
