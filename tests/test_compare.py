@@ -429,3 +429,13 @@ def test_resume_refuses_a_run_of_another_config(tmp_path):
     (Path(finished.out_dir) / "config.json").write_text("[1, 2]")
     with pytest.raises(ConfigError, match="not a config"):
         run_state(finished)
+
+
+def test_the_compare_section_is_checked():
+    from actfirst.preparation import load_run_config
+
+    assert load_run_config(None, ["compare.threshold=55", "compare.checkpoint_every=3"]).compare.threshold == 55.0
+    for item, why in (("compare.threshold=150", "compare.threshold=150"), ("compare.threshold=aut", "auto"),
+                      ("compare.checkpoint_every=0", "compare.checkpoint_every=0")):
+        with pytest.raises(ConfigError, match=why):
+            load_run_config(None, [item])

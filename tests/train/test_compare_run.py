@@ -19,7 +19,7 @@ STRATEGIES = ("vanilla", "actfirst")
 
 def compare_cli(*args):
     proc = subprocess.run([sys.executable, "-m", "actfirst.compare", *args], capture_output=True, text=True,
-                          timeout=1200, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          timeout=3000, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     return proc.stdout
 
