@@ -1,0 +1,5 @@
+"""ActFirst. Importing the package fixes the process's thread count before torch is imported (``actfirst.threads``)."""
+
+from actfirst.threads import fix_thread_count
+
+fix_thread_count()

@@ -1,29 +1,35 @@
 """Method tables in the layout of the paper's Tables 1-3: any rollout strategies under one training config, each
-trained under one or more training seeds (``python -m actfirst.compare`` trains the runs, then writes the tables).
+trained under several training seeds (``python -m actfirst.compare`` trains and evaluates the runs,
+``actfirst.comparison_runs``; this module reads them and writes the tables).
 
-One row per method, from its finished runs (a run's SR, Score and Round are its last evaluation's means over the
-evaluation seeds, ``evals.jsonl``; its training wall-clock is Appendix C.3's final ``train_s``, ``wall_clock.json``):
+A run's SR curve comes from its checkpoints, evaluated after training on the same episodes for every checkpoint of
+every run (``checkpoint_evals.jsonl``), its first point the warm start's evaluation (update 0, 0 s of training); a
+point's time is the training wall-clock (C.3, evaluation outside it) at that update's metrics record. Its training
+wall-clock is C.3's final ``train_s`` (``wall_clock.json``). One row per method, from its finished runs:
 
-- SR, Score (where the evaluations report one: ScienceWorld, WebShop), Round: mean ± SD over training seeds; ALFWorld's
-  valid_seen and valid_unseen also apart (the evaluation's per-split summaries).
-- Training wall-clock (s), executed transitions and transitions per second: mean ± SD over training seeds.
-- Speedup over Vanilla OPD (Sec. 5.1): mean Vanilla ``train_s`` / mean method ``train_s``, with a 95% percentile
-  bootstrap interval (each method's seeds resampled independently, :data:`BOOTSTRAP_RESAMPLES` resamples, a fixed RNG
-  seed; none with one seed).
-- Time to the common SR: the lower of the method's and Vanilla OPD's best mean-over-seeds evaluation SR, the mean
-  training wall-clock of the first evaluation whose mean SR reaches it (for both), and their ratio Vanilla / method:
-  a speedup that cannot come from learning less (none where either reaches it at update 0, before training). Its 95%
-  interval is a bootstrap over seeds too: each side's runs resampled, their mean curves, the common SR and both times
-  recomputed (``common_sr_interval``).
+- SR, Score (where the evaluations report one: ScienceWorld, WebShop), Round at the last checkpoint: mean ± SD over
+  training seeds; ALFWorld's valid_seen and valid_unseen also apart.
+- Training wall-clock (s), executed transitions and transitions per second: mean ± SD over training seeds; the
+  seconds of each phase (rollout, score, update, sync, probe, evaluation during and after training) summed over a
+  run, mean over seeds (with the asynchronous pipeline the phases overlap: they need not add up to the wall-clock).
+- Speedup over Vanilla OPD at the same updates: the paired per-seed log ratio log(T_vanilla,s / T_method,s) over
+  the seeds both finished, its mean m and SD s over n seeds; reported as exp(m) with the Student t interval
+  exp(m -+ t_{0.975, n-1} s / sqrt(n)) (:func:`paired_ratio`). A percentile bootstrap of the ratio of mean times
+  (each method's seeds resampled on their own) stands beside it as a cross-check only.
+- Same SR: the threshold fixed before any run trained (``compare.threshold``, :func:`fixed_threshold`), each run's
+  time to it (its first checkpoint at or above it, no interpolation: :func:`time_to_threshold`), and the paired
+  interval of the speedup there over the seeds where both methods reach it; a seed where either never reaches it
+  is left out of the interval and listed ("not reached").
 - Sec. 5.4's split: the method's transitions per second and executed transitions over Vanilla OPD's (elapsed time
   is transitions over throughput, so the speedup is close to the first ratio over the second).
 - The rollout speedup model from each run's own request records (``actfirst.train.speedup``): measured and Eq. 36's
   prediction against Eq. 36's Vanilla time, mean ± SD over seeds.
 
-``comparison.md`` also lists every run; ``comparison.json`` holds each method's aggregates, its mean curve and every
-run's own row (run_dir, seed); ``comparison.png`` is Figure 5: per method the mean SR over seeds at each evaluated
-update against the mean training wall-clock there, with the SD over seeds (the pooled 95% interval with one seed), and
-the teacher's SR as a dashed line.
+``comparison.md`` also lists every run (its threads: ``run_summary.json``); ``comparison.json`` holds each method's
+aggregates, its mean curve, every run's own row and the threshold; ``comparison.png`` is Figure 5 (per method the
+mean SR over seeds at each checkpoint against the mean training wall-clock there, the SD over seeds, the teacher's
+SR and the threshold as dashed lines); ``curves.png`` one panel per seed with every method's SR against training
+time and the threshold.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ import numpy as np
 
 from actfirst.config import RESUMABLE_CHANGES, ConfigError, TrainConfig, check_resumable
 from actfirst.eval_report import _finite, mean_sd
+from actfirst.files import write_atomically
 from actfirst.rollout.strategies import StrategyLabels
 from actfirst.schema import to_dict
 from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure
@@ -46,14 +53,24 @@ METHODS = StrategyLabels()
 """The paper's name of each strategy (its class's ``label``)."""
 BASELINE = "vanilla"
 EVAL_METRICS = ("SR", "Score", "Round")
+CONFIDENCE = 0.95
+"""The intervals' level."""
 BOOTSTRAP_RESAMPLES = 10_000
 BOOTSTRAP_SEED = 0
 """The bootstrap's RNG seed: the same runs give the same table."""
 COMPARISON_SIZE = (7.0, 4.5)
 """Inches of ``comparison.png``."""
+PANEL_SIZE = (4.0, 3.2)
+"""Inches of one seed's panel in ``curves.png``."""
 ROLLOUT_MODEL = ("measured", "eq36", "eq26")
 """The run's rollout speedup figures (``actfirst.train.speedup``): measured and Eq. 36 against Eq. 36's Vanilla time
 from the run's own requests, and Eq. 26's bound."""
+PHASES = ("rollout_s", "score_s", "update_s", "sync_s", "probe_s")
+"""The per-update phase seconds of ``metrics.jsonl`` that a run's row sums."""
+CHECKPOINT_EVALS = "checkpoint_evals.jsonl"
+"""A run's checkpoints evaluated after training: one row per update (as ``evals.jsonl``'s rows)."""
+OUTPUTS = ("comparison.md", "comparison.json", "comparison.png", "curves.png")
+"""What :func:`write_comparison` writes under the comparison's directory."""
 FINISHED, STARTED, NEW = "finished", "started", "new"
 """A run's state for ``--resume``: skipped, resumed, started."""
 
@@ -85,12 +102,14 @@ def run_state(cfg: TrainConfig) -> str:
     return STARTED if Path(cfg.out_dir).exists() else NEW
 
 
-def run_row(strategy: str, seed: int, path: str | Path) -> dict[str, Any]:
-    """One run's row: its last evaluation (overall and per split; each metric's summary over the evaluation seeds),
-    its last metrics record and its final wall-clock, and its SR curve; what it does not have yet is None.
+def run_row(strategy: str, seed: int, path: str | Path, *, warm_start: dict[str, Any] | None = None,
+            threshold: float | None = None) -> dict[str, Any]:
+    """One run's row: its last checkpoint's evaluation (overall and per split; each metric's summary over the
+    evaluation seeds), its final wall-clock, its phases and threads, its SR curve (``warm_start``: the warm start's
+    evaluation row, the curve's update 0) and its time to ``threshold``; what it does not have yet is None.
     ``train_s`` is the final C.3 figure of a finished run, the latest one of a run still going."""
     path = Path(path)
-    evals = read_records(path / "evals.jsonl")
+    evals = read_records(path / CHECKPOINT_EVALS)
     metrics = read_records(path / "metrics.jsonl")
     last_eval = evals[-1] if evals else {}
     summary = last_eval.get("summary") or {}
@@ -99,6 +118,11 @@ def run_row(strategy: str, seed: int, path: str | Path) -> dict[str, Any]:
     train_s = final["train_s"] if final else last.get("elapsed_s")
     transitions = last.get("total_transitions")
     splits = last_eval.get("splits") or {}
+    curve = _sr_curve(([warm_start] if warm_start and all(r["update"] for r in evals) else []) + evals)
+    phases = {k: math.fsum(r[k] for r in metrics if r.get(k) is not None) if any(k in r for r in metrics) else None
+              for k in PHASES}
+    phases["eval_s"] = final.get("eval_s") if final else None
+    phases["checkpoint_eval_s"] = math.fsum(r.get("eval_wall_s") or 0.0 for r in evals) if evals else None
     return {"strategy": strategy, "method": METHODS.get(strategy, strategy), "seed": seed, "run_dir": str(path),
             "finished": final is not None, "updates": last.get("update"), "eval_update": last_eval.get("update"),
             "episodes": summary.get("episodes"), **{m: summary.get(m) for m in EVAL_METRICS},
@@ -107,7 +131,8 @@ def run_row(strategy: str, seed: int, path: str | Path) -> dict[str, Any]:
             "train_s": train_s, "transitions": transitions,
             "transitions_per_s": transitions / train_s if train_s and transitions is not None else None,
             **{f"rollout_{k}": last.get(f"speedup/run_{k}") for k in ROLLOUT_MODEL},
-            "curve": _sr_curve(evals)}
+            "phases_s": phases, "threads": _threads(path), "curve": curve,
+            "to_threshold": time_to_threshold(curve, threshold) if threshold is not None else None}
 
 
 def method_row(strategy: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,6 +147,11 @@ def method_row(strategy: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
                                for m in EVAL_METRICS} for split in splits},
             **{key: _over_seeds([r[key] for r in done]) for key in ("train_s", "transitions", "transitions_per_s",
                                                                   *(f"rollout_{k}" for k in ROLLOUT_MODEL))},
+            "phases_s": {k: _over_seeds([r["phases_s"][k] for r in done]) for k in (*PHASES, "eval_s",
+                                                                                   "checkpoint_eval_s")},
+            "time_to_threshold_s": _over_seeds([(r["to_threshold"] or {}).get("elapsed_s") for r in done]),
+            "reached": [r["seed"] for r in done if r["to_threshold"]],
+            "not_reached": [r["seed"] for r in done if not r["to_threshold"]],
             "curve": mean_curve(done), "runs": runs}
 
 
@@ -154,10 +184,44 @@ def sr_error_bars(curve: list[dict[str, Any]]) -> list[list[float]]:
     return [below, above]
 
 
+def t_quantile(p: float, df: int) -> float:
+    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom: the t at which the two-sided tail
+    ``I_{df/(df+t^2)}(df/2, 1/2)`` is ``2(1 - p)``, by bisection (float64; no SciPy here)."""
+    if not 0.5 < p < 1 or df < 1:
+        raise ValueError(f"t_quantile(p={p}, df={df}): needs 0.5 < p < 1 and df >= 1")
+    low, high = 0.0, 1e7
+    for _ in range(200):
+        mid = (low + high) / 2
+        if _incomplete_beta(df / (df + mid * mid), df / 2, 0.5) > 2 * (1 - p):
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def paired_ratio(baseline: dict[int, float], method: dict[int, float], *,
+                 level: float = CONFIDENCE) -> dict[str, Any]:
+    """The paired speedup over the seeds both hold: per seed the log ratio log(baseline / method), their mean m and
+    sample SD s over n seeds; the ratio exp(m) and its Student t interval exp(m -+ t_{n-1} s / sqrt(n)) (None with
+    fewer than two seeds)."""
+    seeds = sorted(set(baseline) & set(method))
+    logs = [math.log(baseline[k] / method[k]) for k in seeds if baseline[k] > 0 and method[k] > 0]
+    if len(logs) != len(seeds) or not seeds:
+        return {"ratio": None, "ci95": None, "seeds": seeds, "log_ratios": logs, "log_sd": None}
+    mean = math.fsum(logs) / len(logs)
+    if len(logs) < 2:
+        return {"ratio": math.exp(mean), "ci95": None, "seeds": seeds, "log_ratios": logs, "log_sd": None}
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+    half = t_quantile(0.5 + level / 2, len(logs) - 1) * sd / math.sqrt(len(logs))
+    return {"ratio": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)], "seeds": seeds,
+            "log_ratios": logs, "log_sd": sd}
+
+
 def speedup_interval(baseline: Sequence[float], method: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES,
                      seed: int = BOOTSTRAP_SEED) -> list[float] | None:
-    """The 95% percentile-bootstrap interval of mean(baseline) / mean(method), each sample resampled with replacement
-    on its own; None when either has fewer than two values."""
+    """The cross-check beside :func:`paired_ratio`: the 95% percentile-bootstrap interval of mean(baseline) /
+    mean(method), each sample resampled with replacement on its own (unpaired; too narrow with few seeds); None when
+    either has fewer than two values."""
     if min(len(baseline), len(method)) < 2:
         return None
     rng = np.random.default_rng(seed)
@@ -166,54 +230,56 @@ def speedup_interval(baseline: Sequence[float], method: Sequence[float], *, resa
     return [float(v) for v in np.percentile(means[0] / means[1], [2.5, 97.5])]
 
 
-def time_to_common_sr(baseline: list[dict[str, Any]], curve: list[dict[str, Any]]) -> dict[str, float | None]:
-    """The SR level both mean curves reach (the lower of their best SRs), the training wall-clock of the first
-    evaluation where each reaches it, and the ratio baseline / method. No ratio (None) when either reaches it at
-    update 0, before any training (its time is the initialization's: training made no progress to compare), or
-    when the method's time is 0."""
-    if not baseline or not curve:
-        return {"common_SR": None, "time_to_common_s": None, "baseline_time_to_common_s": None,
-                "speedup_at_common_SR": None}
-    level = min(max(p["SR"] for p in baseline), max(p["SR"] for p in curve))
-    base, method = (next(p for p in c if p["SR"] >= level) for c in (baseline, curve))
-    trained = base["update"] > 0 and method["update"] > 0 and method["elapsed_s"] > 0
-    return {"common_SR": level, "time_to_common_s": method["elapsed_s"],
-            "baseline_time_to_common_s": base["elapsed_s"],
-            "speedup_at_common_SR": base["elapsed_s"] / method["elapsed_s"] if trained else None}
+def fixed_threshold(setting: str | float, warm_start_sr: float | None, teacher_sr: float | None) -> float:
+    """The same-SR threshold (percent) of ``compare.threshold``: a number as given; ``auto`` the warm start's SR plus
+    half the gap to the teacher's. Raises ``ConfigError`` when ``auto`` lacks an SR or the threshold is not above the
+    warm start's SR (every run would reach it before training)."""
+    if setting == "auto":
+        if warm_start_sr is None or teacher_sr is None:
+            raise ConfigError("compare.threshold=auto: needs the warm start's and the teacher's SR (the comparison's "
+                              "preparation evaluates both); give a number instead")
+        threshold = warm_start_sr + (teacher_sr - warm_start_sr) / 2
+    else:
+        threshold = float(setting)
+    if warm_start_sr is not None and threshold <= warm_start_sr:
+        raise ConfigError(f"compare.threshold={setting!r}: gives {threshold:.1f}%, not above the warm start's SR "
+                          f"{warm_start_sr:.1f}% (teacher: {_fmt(teacher_sr, '.1f')}%); give a higher number")
+    return threshold
 
 
-def common_sr_interval(baseline: list[dict[str, Any]], method: list[dict[str, Any]], *,
-                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float] | None:
-    """The 95% percentile-bootstrap interval of the speedup at the common SR: each side's runs resampled with
-    replacement on their own, the mean curves, the common SR and the times to it recomputed per resample. A resample
-    without a ratio (:func:`time_to_common_sr`: the common SR held before training) is left out; None when either
-    side has fewer than two runs or no resample has a ratio."""
-    if min(len(baseline), len(method)) < 2:
-        return None
-    rng = np.random.default_rng(seed)
-    ratios = []
-    for _ in range(resamples):
-        base, ours = ([runs[i] for i in rng.integers(0, len(runs), len(runs))] for runs in (baseline, method))
-        ratio = time_to_common_sr(mean_curve(base), mean_curve(ours))["speedup_at_common_SR"]
-        if ratio is not None:
-            ratios.append(ratio)
-    return [float(v) for v in np.percentile(ratios, [2.5, 97.5])] if ratios else None
+def time_to_threshold(curve: list[dict[str, Any]], threshold: float) -> dict[str, float] | None:
+    """The first point of a run's curve (in update order) whose SR is at or above ``threshold``: its update and
+    training wall-clock (no interpolation between checkpoints); None when the run never reaches it."""
+    point = next((p for p in curve if p["SR"] >= threshold), None)
+    return None if point is None else {"update": point["update"], "elapsed_s": point["elapsed_s"]}
 
 
-def comparison_rows(runs: dict[str, dict[int, Path]]) -> list[dict[str, Any]]:
+def comparison_rows(runs: dict[str, dict[int, Path]], *, warm_start: dict[str, Any] | None = None,
+                    threshold: float | None = None) -> list[dict[str, Any]]:
     """One row per strategy of ``runs`` (strategy -> training seed -> run directory, in that order) with its
-    aggregates and, against a ``vanilla`` row with finished runs, its speedups (else None)."""
-    methods = [method_row(s, [run_row(s, seed, path) for seed, path in by_seed.items()]) for s, by_seed in runs.items()]
+    aggregates (``warm_start``: the warm start's evaluation row, every curve's update 0; ``threshold``: the
+    same-SR threshold) and, against a ``vanilla`` row with finished runs, its speedups (else None)."""
+    methods = [method_row(s, [run_row(s, seed, path, warm_start=warm_start, threshold=threshold)
+                              for seed, path in by_seed.items()]) for s, by_seed in runs.items()]
     base = next((m for m in methods if m["strategy"] == BASELINE and m["train_s"]), None)
     base_runs = _finished(base["runs"]) if base else []
-    base_times = [r["train_s"] for r in base_runs]
     for m in methods:
-        times = [r["train_s"] for r in _finished(m["runs"])]
-        m["speedup"] = base["train_s"]["mean"] / m["train_s"]["mean"] if base and m["train_s"] else None
-        m["speedup_ci95"] = speedup_interval(base_times, times) if m["speedup"] and m is not base else None
-        m.update(time_to_common_sr(base["curve"] if base else [], m["curve"]))
-        m["speedup_at_common_SR_ci95"] = (common_sr_interval(base_runs, _finished(m["runs"]))
-                                          if m["speedup_at_common_SR"] and m is not base else None)
+        done = _finished(m["runs"])
+        if m is base:  # against itself: 1 by definition, no interval
+            m.update(speedup=1.0, speedup_ci95=None, speedup_seeds=m["seeds"], speedup_log_sd=None,
+                     speedup_bootstrap_ci95=None, speedup_at_threshold=1.0 if m["reached"] else None,
+                     speedup_at_threshold_ci95=None, speedup_at_threshold_seeds=m["reached"])
+            m.update(speedup_split(base, m))
+            continue
+        same = paired_ratio({r["seed"]: r["train_s"] for r in base_runs}, {r["seed"]: r["train_s"] for r in done})
+        m["speedup"], m["speedup_ci95"], m["speedup_seeds"] = same["ratio"], same["ci95"], same["seeds"]
+        m["speedup_log_sd"] = same["log_sd"]
+        m["speedup_bootstrap_ci95"] = speedup_interval([r["train_s"] for r in base_runs],
+                                                       [r["train_s"] for r in done]) if base else None
+        at_sr = paired_ratio(*({r["seed"]: r["to_threshold"]["elapsed_s"] for r in side if r["to_threshold"]}
+                               for side in (base_runs, done)))
+        m["speedup_at_threshold"], m["speedup_at_threshold_ci95"] = at_sr["ratio"], at_sr["ci95"]
+        m["speedup_at_threshold_seeds"] = at_sr["seeds"]
         m.update(speedup_split(base, m))
     return methods
 
@@ -231,9 +297,10 @@ def speedup_split(base: dict[str, Any] | None, method: dict[str, Any]) -> dict[s
             "split_speedup": rate / count if rate and count else None}
 
 
-def comparison_table(methods: list[dict[str, Any]]) -> str:
+def comparison_table(methods: list[dict[str, Any]], threshold: float | None = None) -> str:
     """The methods as a markdown table in the paper's layout: a column per split where the evaluations report splits
-    apart, Score only where some method has one, the speedups only with a ``vanilla`` row."""
+    apart, Score only where some method has one, the speedups only with a ``vanilla`` row, the same-SR columns only
+    with a ``threshold``."""
     splits = sorted({split for m in methods for split in m["splits"]})
 
     def split_cell(split: str, metric: str) -> Callable[[dict[str, Any]], str]:
@@ -250,15 +317,18 @@ def comparison_table(methods: list[dict[str, Any]]) -> str:
                 ("Transitions/s", lambda m: _pm(m["transitions_per_s"], ".2f"))]
     if any(m["strategy"] == BASELINE for m in methods):
         columns += [
-            (f"Speedup vs {METHODS[BASELINE]} (95% CI)",
+            (f"Speedup vs {METHODS[BASELINE]}, same updates (paired t 95% CI)",
              lambda m: _fmt(m["speedup"], ".2f", "x") + _ci(m["speedup_ci95"], ".2f", lead=" ", absent="")),
-            ("Common SR (%)", lambda m: _fmt(m["common_SR"], ".1f")),
-            (f"Time to it (s): method / {METHODS[BASELINE]}",
-             lambda m: f"{_fmt(m['time_to_common_s'], '.0f')} / {_fmt(m['baseline_time_to_common_s'], '.0f')}"),
-            ("Speedup at common SR (95% CI)", lambda m: _fmt(m["speedup_at_common_SR"], ".2f", "x")
-             + _ci(m["speedup_at_common_SR_ci95"], ".2f", lead=" ", absent="")),
+            ("Bootstrap 95% CI (cross-check)", lambda m: _ci(m["speedup_bootstrap_ci95"], ".2f", absent="")),
             ("Transitions/s ratio / transitions ratio (Sec. 5.4)",
              lambda m: f"{_fmt(m['throughput_ratio'], '.2f')} / {_fmt(m['transitions_ratio'], '.2f')}")]
+    if threshold is not None:
+        columns += [(f"Seeds reaching {threshold:.1f}%", _reached),
+                    ("Time to it (s)", lambda m: _pm(m["time_to_threshold_s"], ".0f"))]
+        if any(m["strategy"] == BASELINE for m in methods):
+            columns += [("Speedup at it (paired t 95% CI, seeds)", lambda m: _fmt(m["speedup_at_threshold"], ".2f", "x")
+                         + _ci(m["speedup_at_threshold_ci95"], ".2f", lead=" ", absent="")
+                         + (f", {len(m['speedup_at_threshold_seeds'])}" if m["speedup_at_threshold"] else ""))]
     if any(m["rollout_eq36"] for m in methods):
         columns += [("Rollout speedup measured / Eq. 36 (run's requests)",
                      lambda m: f"{_pm(m['rollout_measured'], '.2f')} / {_pm(m['rollout_eq36'], '.2f')}")]
@@ -266,8 +336,9 @@ def comparison_table(methods: list[dict[str, Any]]) -> str:
 
 
 def runs_table(methods: list[dict[str, Any]]) -> str:
-    """Every run of every method as a markdown table: its last evaluation (mean ± SD over the evaluation seeds,
-    pooled 95% interval), wall-clock and transitions; a run still going shows its latest figures."""
+    """Every run of every method as a markdown table: its last checkpoint's evaluation (mean ± SD over the
+    evaluation seeds, pooled 95% interval), wall-clock, phases, threads, transitions and time to the threshold; a run
+    still going shows its latest figures."""
     runs = [r for m in methods for r in m["runs"]]
     splits = sorted({split for r in runs for split in r["splits"]})
     columns: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
@@ -278,15 +349,23 @@ def runs_table(methods: list[dict[str, Any]]) -> str:
         *((f"SR {s}", lambda r, s=s: _pm((r["splits"].get(s) or {}).get("SR"))) for s in splits)]
     columns += [("Score", lambda r: _pm(r["Score"]))] if any(r["Score"] for r in runs) else []
     columns += [("Round", lambda r: _pm(r["Round"])), ("Train (s)", lambda r: _fmt(r["train_s"], ".0f")),
+                ("Rollout / score / update / sync (s)",
+                 lambda r: " / ".join(_fmt(r["phases_s"][k], ".0f") for k in ("rollout_s", "score_s", "update_s",
+                                                                             "sync_s"))),
+                ("Eval after (s)", lambda r: _fmt(r["phases_s"]["checkpoint_eval_s"], ".0f")),
+                ("Threads (torch / OMP / cores)", _thread_cell),
                 ("Transitions", lambda r: _fmt(r["transitions"], "d")),
-                ("Transitions/s", lambda r: _fmt(r["transitions_per_s"], ".2f"))]
+                ("Transitions/s", lambda r: _fmt(r["transitions_per_s"], ".2f")),
+                ("To threshold: update, s", lambda r: "not reached" if not r["to_threshold"] else
+                 f"{r['to_threshold']['update']}, {r['to_threshold']['elapsed_s']:.0f}")]
     return _markdown(columns, runs)
 
 
-def plot_comparison(methods: list[dict[str, Any]], path: str | Path, *, teacher_sr: float | None = None) -> Path | None:
-    """Figure 5: each method's mean SR over seeds at every evaluated update against the mean training wall-clock
-    there, with the SD over seeds as error bars (the pooled 95% interval with one seed), and ``teacher_sr``
-    (percent) as a dashed line, written to ``path``; None without matplotlib."""
+def plot_comparison(methods: list[dict[str, Any]], path: str | Path, *, teacher_sr: float | None = None,
+                    threshold: float | None = None) -> Path | None:
+    """Figure 5: each method's mean SR over seeds at every checkpoint against the mean training wall-clock there,
+    with the SD over seeds as error bars (the pooled 95% interval with one seed), ``teacher_sr`` and ``threshold``
+    (percent) as dashed lines, written to ``path``; None without matplotlib."""
     fig = new_figure(COMPARISON_SIZE)
     if fig is None:
         return None
@@ -298,40 +377,85 @@ def plot_comparison(methods: list[dict[str, Any]], path: str | Path, *, teacher_
                         label=f"{m['method']} ({len(m['seeds'])} seed{'s' if len(m['seeds']) > 1 else ''})")
     if not ax.get_legend_handles_labels()[0]:
         ax.text(0.5, 0.5, "no evaluation yet", transform=ax.transAxes, ha="center", va="center", color="gray")
-    if teacher_sr is not None:
-        ax.axhline(teacher_sr, linestyle="--", color="gray", label=f"teacher ({teacher_sr:.1f}%)")
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize="small")
-    ax.set_ylim(0, 100)
+    _reference_lines(ax, teacher_sr, threshold)
     ax.set_xlabel("training wall-clock (s, evaluation excluded; mean over seeds)")
     ax.set_ylabel("success rate (%, mean over seeds)")
-    ax.grid(alpha=0.3)
     fig.tight_layout()
     return save_figure(fig, path)
 
 
+def plot_seed_curves(methods: list[dict[str, Any]], path: str | Path, *, teacher_sr: float | None = None,
+                     threshold: float | None = None) -> Path | None:
+    """One panel per training seed: every method's SR at each checkpoint of that seed's run against its training
+    wall-clock, with ``teacher_sr`` and ``threshold`` as dashed lines, written to ``path``; None without
+    matplotlib."""
+    seeds = sorted({r["seed"] for m in methods for r in m["runs"]})
+    columns = min(3, max(1, len(seeds)))
+    rows = max(1, math.ceil(len(seeds) / columns))
+    fig = new_figure((PANEL_SIZE[0] * columns, PANEL_SIZE[1] * rows))
+    if fig is None:
+        return None
+    axes = np.atleast_1d(fig.subplots(rows, columns, squeeze=False)).ravel()
+    for ax, seed in zip(axes, seeds):
+        for m in methods:
+            for r in m["runs"]:
+                if r["seed"] == seed and r["curve"]:
+                    ax.plot([p["elapsed_s"] for p in r["curve"]], [p["SR"] for p in r["curve"]], marker="o",
+                            label=m["method"])
+        ax.set_title(f"seed {seed}", fontsize="medium")
+        _reference_lines(ax, teacher_sr, threshold)
+        ax.set_xlabel("training wall-clock (s)")
+        ax.set_ylabel("SR (%)")
+    for ax in axes[len(seeds):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _reference_lines(ax: Any, teacher_sr: float | None, threshold: float | None) -> None:
+    """The teacher's SR and the threshold as dashed lines, the legend, the axes' range and grid."""
+    if teacher_sr is not None:
+        ax.axhline(teacher_sr, linestyle="--", color="gray", label=f"teacher ({teacher_sr:.1f}%)")
+    if threshold is not None:
+        ax.axhline(threshold, linestyle=":", color="black", label=f"threshold ({threshold:.1f}%)")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+
+
 def write_comparison(runs: dict[str, dict[int, Path]], out: str | Path, *,
-                     teacher: dict[str, Any] | None = None) -> str:
-    """``comparison.json``, ``comparison.md`` and ``comparison.png`` under ``out`` for ``runs`` (strategy ->
-    training seed -> run directory), with the teacher's evaluation summary (``EvalReport.summary()``) as the
-    reference where given; returns the markdown."""
+                     teacher: dict[str, Any] | None = None, fixed: dict[str, Any] | None = None) -> str:
+    """``comparison.json``, ``comparison.md``, ``comparison.png`` and ``curves.png`` under ``out`` for ``runs``
+    (strategy -> training seed -> run directory), with the teacher's evaluation summary (``EvalReport.summary()``)
+    as the reference where given and ``fixed``, the comparison's record made before training (``threshold.json``:
+    the threshold, the warm start's and the teacher's evaluation rows); returns the markdown."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    methods = comparison_rows(runs)
+    fixed = fixed or {}
+    threshold = fixed.get("threshold")
+    methods = comparison_rows(runs, warm_start=fixed.get("warm_start"), threshold=threshold)
     teacher_sr = ((teacher or {}).get("SR") or {}).get("mean")
-    text = comparison_table(methods) + (
-        "\n\nMean ± SD over training seeds (finished runs); a run's SR, Score and Round are its last evaluation's "
-        "means over the evaluation seeds. Train: training wall-clock (C.3). Speedup: mean Vanilla OPD train / mean "
-        f"method train, 95% percentile bootstrap over training seeds ({BOOTSTRAP_RESAMPLES:,} resamples). Common SR: "
-        "the lower of the method's and Vanilla OPD's best mean SR; time to it: the first evaluation reaching it.")
+    text = comparison_table(methods, threshold) + (
+        "\n\nMean ± SD over training seeds (finished runs); a run's SR, Score and Round are its last checkpoint's "
+        "evaluation (after training), means over the evaluation seeds. Train: training wall-clock (C.3). Speedup: "
+        "exp of the mean over seeds of log(Vanilla OPD train / method train), paired by seed, with its Student t "
+        f"interval; the bootstrap of the ratio of mean times ({BOOTSTRAP_RESAMPLES:,} resamples, unpaired) only as a "
+        "cross-check.")
+    if threshold is not None:
+        text += (f"\n\nSame SR: threshold {threshold:.1f}% ({fixed.get('setting')!r}, fixed before training: "
+                 f"{fixed.get('how', '')}). Time to it: a run's first checkpoint at or above it (no interpolation); "
+                 "the speedup there is paired over the seeds where both methods reach it, a seed that never does "
+                 "is left out (listed under Seeds reaching).")
     if teacher_sr is not None:
         text += f"\n\nTeacher: SR {_pm(teacher['SR'])} %, pooled 95% CI {_ci(teacher.get('SR_ci95_pooled'))}"
     text += "\n\nRuns (SR: mean ± SD over the evaluation seeds):\n\n" + runs_table(methods)
-    (out / "comparison.json").write_text(json.dumps(_finite({
-        "methods": methods, "teacher": teacher,
+    write_atomically(out / "comparison.json", json.dumps(_finite({
+        "methods": methods, "teacher": teacher, "fixed_before_training": fixed, "confidence": CONFIDENCE,
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED}}), indent=1, allow_nan=False) + "\n")
-    (out / "comparison.md").write_text(text + "\n")
-    plot_comparison(methods, out / "comparison.png", teacher_sr=teacher_sr)
+    write_atomically(out / "comparison.md", text + "\n")
+    plot_comparison(methods, out / "comparison.png", teacher_sr=teacher_sr, threshold=threshold)
+    plot_seed_curves(methods, out / "curves.png", teacher_sr=teacher_sr, threshold=threshold)
     return text
 
 
@@ -393,3 +517,53 @@ def _pm(stat: dict[str, Any] | None, spec: str = ".1f") -> str:
     if not stat or _missing(stat.get("mean")):
         return "n/a"
     return f"{stat['mean']:{spec}} ± {_fmt(stat.get('sd'), spec)}"
+
+
+def _incomplete_beta(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's method)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _beta_fraction(x, a, b) / a
+    return 1.0 - front * _beta_fraction(1.0 - x, b, a) / b
+
+
+def _beta_fraction(x: float, a: float, b: float) -> float:
+    tiny = 1e-300
+
+    def guard(v: float) -> float:
+        return v if abs(v) > tiny else tiny
+
+    c, d = 1.0, 1.0 / guard(1.0 - (a + b) * x / (a + 1))
+    h = d
+    for m in range(1, 1000):
+        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 / guard(1.0 + num * d)
+            c = guard(1.0 + num / c)
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _threads(path: Path) -> dict[str, Any] | None:
+    """The threads the run's training process computed with (``run_summary.json``), None before it is written."""
+    try:
+        return json.loads((path / "run_summary.json").read_text()).get("threads")
+    except (OSError, ValueError):
+        return None
+
+
+def _thread_cell(run: dict[str, Any]) -> str:
+    counts = (run["threads"] or {}).get("training") or {}
+    return " / ".join(str(counts.get(k, "n/a")) for k in ("torch_threads", "OMP_NUM_THREADS", "usable_cores"))
+
+
+def _reached(method: dict[str, Any]) -> str:
+    """How many finished seeds reach the threshold, and which do not."""
+    missing = f" (not: {', '.join(map(str, method['not_reached']))})" if method["not_reached"] else ""
+    return f"{len(method['reached'])} of {len(method['seeds'])}{missing}"

@@ -468,6 +468,24 @@ def env_section_type(values: dict[str, Any]) -> Any:
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
+class CompareConfig:
+    """How ``python -m actfirst.compare`` compares methods on this config (read by the comparison only; a single run
+    ignores it)."""
+
+    threshold: Literal["auto"] | float = "auto"
+    """The same-SR comparison's SR threshold (percent), fixed before any training run starts: ``auto`` is the warm
+    start's SR plus half the gap to the teacher's SR, both evaluated by the comparison's preparation on the
+    evaluation's episodes; a number is taken as given."""
+    checkpoint_every: int = 2
+    """Updates between two checkpoints of every run (the last is always one); each is evaluated after training."""
+
+    def __post_init__(self) -> None:
+        check(self.threshold == "auto" or 0 < self.threshold <= 100, "threshold", self.threshold,
+              "must be auto or an SR in (0, 100]")
+        check(self.checkpoint_every >= 1, "checkpoint_every", self.checkpoint_every, "must be >= 1")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """One OPD training run: benchmark, student engine, teacher, rollouts, update (Sec. 5.1, Appendix B-C)."""
 
@@ -527,6 +545,8 @@ class TrainConfig:
     (``evaluation.every`` > 0); the starting student (update 0) is not a checkpoint."""
     evaluation: EvaluationConfig | None = None
     """Evaluations during the run (absent or null: none)."""
+    compare: CompareConfig = dataclasses.field(default_factory=CompareConfig)
+    """What ``python -m actfirst.compare`` reads (the same-SR threshold, its checkpoints)."""
     vllm_console_level: Literal["debug", "info", "warning", "error", "off"] = "error"
     """vLLM's own log lines on the console from this level up; all of them (INFO and up) go to
     ``<out_dir>/logs/vllm_rank<r>.log``."""

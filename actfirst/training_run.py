@@ -9,11 +9,12 @@ import json
 import multiprocessing as mp
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from actfirst.config import DEMO_CONFIG, TrainConfig
 from actfirst.eval_report import load_episodes, sr_change, teacher_summary
 from actfirst.preparation import ensure_prepared, load_run_config, resolve_models
+from actfirst.threads import thread_counts
 from actfirst.train.clock import PARTS, launch_info
 from actfirst.train.trackers import tracker_locations
 
@@ -48,6 +49,7 @@ def run_rank(cfg: TrainConfig, *, resume: bool, config: str | None) -> int:
     ctx = init_parallel(mesh=cfg.parallel.mesh)
     watch = PeerWatch(ctx.rank, ctx.world_size, timeout_s=cfg.parallel.peer_timeout_s).start() \
         if ctx.world_size > 1 else None
+    threads = {"training": thread_counts()}  # what this rank computes with, as it starts training
     try:
         result = Trainer(cfg, ctx, resume=resume).train()
     except BaseException as e:
@@ -57,16 +59,18 @@ def run_rank(cfg: TrainConfig, *, resume: bool, config: str | None) -> int:
     if watch is not None:
         watch.stop()
     if ctx.lead:
-        summary = write_summary(cfg, config, result)
+        summary = write_summary(cfg, config, result, threads={**threads, "end": thread_counts()})
         print(final_message(cfg, summary), flush=True)
     shutdown_parallel()
     return 0
 
 
-def write_summary(cfg: TrainConfig, config: str | None, result: TrainResult) -> dict:
+def write_summary(cfg: TrainConfig, config: str | None, result: TrainResult, *,
+                  threads: dict[str, Any] | None = None) -> dict:
     """``<out_dir>/run_summary.json`` of the run of ``config`` (None: the CPU demo's): teacher and student SRs, the SR
     change, the wall-clock of every session of the run (``wall_clock.json``: its parts sum to ``total_s``; speedups
-    use ``train_s``)."""
+    use ``train_s``), the threads the lead rank computed with (``threads``: ``actfirst.threads.thread_counts`` as
+    training started and at its end)."""
     from actfirst.train.plots import read_records, read_wall_clock
 
     evals = result.evals
@@ -82,7 +86,7 @@ def write_summary(cfg: TrainConfig, config: str | None, result: TrainResult) -> 
                    "throughput/full_window", "throughput/first_600s", "throughput/window_s")},
                "rollout_model": clock.get("rollout_model"),
                "transitions": result.num_transitions, "weight_version": result.weight_version,
-               "world_size": int(os.environ.get("WORLD_SIZE", "1"))}
+               "world_size": int(os.environ.get("WORLD_SIZE", "1")), "threads": threads}
     (Path(cfg.out_dir) / "run_summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -108,6 +112,10 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
               f"s, training {clock['train_s'] or 0:.0f} s (C.3; the speedups' figure), evaluation "
               f"{clock['eval_s'] or 0:.0f} s, probe {clock['probe_s'] or 0:.0f} s, redone after a kill "
               f"{clock['lost_s'] or 0:.0f} s, other {clock['other_s'] or 0:.0f} s")]
+    counts = (summary.get("threads") or {}).get("training")
+    if counts:
+        lines.append(f"  threads: torch {counts['torch_threads']} (OMP_NUM_THREADS={counts['OMP_NUM_THREADS']}), "
+                     f"{counts['usable_cores']} of {counts['cores']} cores usable")
     rate = summary["throughput"]
     if rate["full_window"] is not None:
         lines.append(f"  environment transitions per second (C.5, Eq. 37): {rate['full_window']:.2f} over the training "

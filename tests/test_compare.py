@@ -1,33 +1,43 @@
-"""The method comparison from hand-written run directories (aggregates over training seeds, speedups and their
-bootstrap interval, time to the common SR, ALFWorld's splits, Score, table, JSON, PNG) against hand computations,
-its command line, and ``main`` (which runs it trains, skips or resumes) with config loading, preparation and training
-replaced by stand-ins (no real training)."""
+"""The method comparison from hand-written run directories (aggregates over training seeds, the paired t interval of
+the speedups and its bootstrap cross-check, the fixed same-SR threshold and the times to it, ALFWorld's splits, Score,
+table, JSON, PNGs) against hand computations, the ABBA order, the command line and ``--resume``'s check of a run's
+saved config. The comparison end to end (real runs): tests/train/test_compare_run.py."""
 
 import dataclasses
 import json
 import math
-import sys
-import types
 from pathlib import Path
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from actfirst.compare import main, parse_args
 from actfirst.comparison import (
     BOOTSTRAP_RESAMPLES,
+    CHECKPOINT_EVALS,
     COMPARISON_SIZE,
+    FINISHED,
     METHODS,
+    NEW,
+    PANEL_SIZE,
+    STARTED,
     comparison_rows,
     comparison_table,
+    fixed_threshold,
     mean_curve,
+    paired_ratio,
     plot_comparison,
     run_row,
+    run_state,
     speedup_interval,
     sr_error_bars,
-    time_to_common_sr,
+    t_quantile,
+    time_to_threshold,
     write_comparison,
 )
+from actfirst.comparison_runs import run_order
+from actfirst.config import ConfigError
 from actfirst.eval_report import EpisodeRecord, EvalReport, wilson_interval
 from actfirst.rollout.strategies import STRATEGIES
 from actfirst.schema import config_json
@@ -62,8 +72,9 @@ def eval_record(update: int, elapsed_s: float, successes, benchmark: str = "alfw
 def write_run(run_dir: Path, *, wall: float, transitions: int, evals: list[tuple], benchmark: str = "alfworld",
               updates: int = 4, final_s: float | None = None, finished: bool = True,
               rollout: tuple[float, float, float] | None = None) -> None:
-    """A run directory: ``updates`` metrics records ending at ``wall`` s and ``transitions`` transitions, the
-    evaluations ``(update, elapsed_s, successes)`` (see :func:`eval_report`), and (``finished``) ``wall_clock.json``
+    """A run directory: ``updates`` metrics records ending at ``wall`` s and ``transitions`` transitions (each update
+    1 s of rollout, 2 of scoring, 3 of update, 0.5 of sync), the checkpoints' evaluations ``(update, elapsed_s,
+    successes)`` (see :func:`eval_report`), and (``finished``) ``wall_clock.json``
     with ``updates`` updates and the final wall-clock ``final_s`` (default ``wall``); ``rollout``: the run's rollout
     speedup model figures (measured, Eq. 36, Eq. 26) in its metrics."""
     run_dir.mkdir(parents=True, exist_ok=True)  # the stand-in trainer rewrites a resumed run
@@ -71,13 +82,15 @@ def write_run(run_dir: Path, *, wall: float, transitions: int, evals: list[tuple
         (run_dir / WALL_CLOCK).write_text(json.dumps({"train_s": wall if final_s is None else final_s,
                                                       "eval_s": 6.0, "probe_s": 1.0, "updates": updates}))
     metrics = [{"update": u, "elapsed_s": wall * u / updates, "total_transitions": transitions * u // updates,
-                "transitions": transitions // updates,
+                "transitions": transitions // updates, "rollout_s": 1.0, "score_s": 2.0, "update_s": 3.0,
+                "sync_s": 0.5,
                 **({} if rollout is None else dict(zip(("speedup/run_measured", "speedup/run_eq36",
                                                         "speedup/run_eq26"), rollout)))}
                for u in range(1, updates + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     rows = [eval_record(u, t, s, benchmark) for u, t, s in evals]
-    (run_dir / "evals.jsonl").write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))  # NaN as the trainer
+    # NaN as the evaluation writes it
+    (run_dir / CHECKPOINT_EVALS).write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
 
 
 @pytest.fixture
@@ -124,69 +137,124 @@ def test_methods_over_training_seeds_by_hand(runs):
     assert (vanilla["transitions"]["mean"], vanilla["transitions"]["sd"]) == pytest.approx((700.0, math.sqrt(20000)))
     assert vanilla["transitions_per_s"]["mean"] == pytest.approx((600 / 300 + 800 / 340) / 2)
     assert actfirst["transitions_per_s"]["mean"] == pytest.approx(5.0) and actfirst["seeds"] == [1, 2]
-    # Speedup: mean vanilla train_s / mean method train_s. With two seeds a side, a resample's mean is a seed's value
-    # with probability 1/2, so each extreme ratio has probability 1/16 > 2.5%: the interval is the extreme ratios.
-    assert actfirst["speedup"] == pytest.approx(320 / 130)
-    assert actfirst["speedup_ci95"] == pytest.approx([300 / 140, 340 / 120])
+    assert actfirst["phases_s"]["update_s"]["mean"] == 12.0 and actfirst["phases_s"]["sync_s"]["mean"] == 2.0
+    # Same updates: the paired log ratios log(300 / 120), log(340 / 140); with n = 2, t_{0.975, 1} = tan(0.475 pi).
+    logs = np.log([300 / 120, 340 / 140])
+    half = math.tan(0.475 * math.pi) * logs.std(ddof=1) / math.sqrt(2)
+    assert actfirst["speedup"] == pytest.approx(math.exp(logs.mean()), rel=1e-12)
+    assert actfirst["speedup_ci95"] == pytest.approx(np.exp([logs.mean() - half, logs.mean() + half]), rel=1e-9)
+    # The bootstrap cross-check (ratio of mean times): each extreme ratio has probability 1/16 > 2.5%.
+    assert actfirst["speedup_bootstrap_ci95"] == pytest.approx([300 / 140, 340 / 120])
     assert vanilla["speedup"] == 1.0 and vanilla["speedup_ci95"] is None
-    # w/o ID: its finished seed alone; one seed has no SD and no interval.
+    # w/o ID: its finished seed alone pairs with vanilla's seed 1; one pair has a ratio and no interval.
     assert (no_id["seeds"], no_id["unfinished"]) == ([1], [2])
     assert no_id["SR"]["mean"] == pytest.approx(40.0) and math.isnan(no_id["SR"]["sd"])
-    assert no_id["speedup"] == pytest.approx(320 / 200) and no_id["speedup_ci95"] is None
-    # Time to the common SR. Mean curves: vanilla 10 / 40 / 45 at 0 / 160 / 320 s, actfirst 10 / 45 / 65 at
-    # 0 / 65 / 130 s, no_id 10 / 40 at 0 / 200 s.
-    assert (actfirst["common_SR"], actfirst["time_to_common_s"], actfirst["baseline_time_to_common_s"]) == \
-        pytest.approx((45.0, 65.0, 320.0))
-    assert actfirst["speedup_at_common_SR"] == pytest.approx(320 / 65)
-    assert (no_id["common_SR"], no_id["time_to_common_s"], no_id["baseline_time_to_common_s"]) == \
-        pytest.approx((40.0, 200.0, 160.0))
-    assert no_id["speedup_at_common_SR"] == pytest.approx(0.8)  # faster per update, slower to the same SR
-    assert vanilla["common_SR"] == pytest.approx(45.0) and vanilla["speedup_at_common_SR"] == 1.0
-    # Its interval: a side's resampled mean curve is seed 1's (p 1/4), seed 2's (1/4) or the mean (1/2). The nine
-    # pairs' ratios run from 170 / 140 (vanilla seed 2: common SR 50 at 170 s; actfirst seed 2 reaches 50 at 140 s;
-    # p 1/16) to 320 / 60 (vanilla's mean: 45 at 320 s; actfirst seed 1: 50 at 60 s; p 1/8), both > 2.5%.
-    assert actfirst["speedup_at_common_SR_ci95"] == pytest.approx([170 / 140, 320 / 60])
-    assert vanilla["speedup_at_common_SR_ci95"] is None and no_id["speedup_at_common_SR_ci95"] is None  # one seed
+    assert no_id["speedup"] == pytest.approx(300 / 200) and no_id["speedup_ci95"] is None
+    assert no_id["speedup_seeds"] == [1]
 
 
-def test_no_speedup_at_the_common_sr_when_it_held_before_training(tmp_path):
-    """Both methods lose SR in training (the generation-bound demo's runs): the SR both reach is the warm start's, at
-    update 0, where the times are the initialization's. No ratio, and no interval."""
-    runs: dict[str, dict[int, Path]] = {}
-    for strategy, first, later in (("vanilla", 24.0, [3, 3]), ("actfirst", 21.0, [4, 3])):
-        for seed in (0, 1):
-            path = tmp_path / strategy / f"seed{seed}"
-            write_run(path, wall=200.0, transitions=500, evals=[(0, first, [5, 5, 5]), (4, 100.0, [later[seed]] * 3)])
-            runs.setdefault(strategy, {})[seed] = path
-    vanilla, actfirst = comparison_rows(runs)
-    assert (actfirst["common_SR"], actfirst["time_to_common_s"], actfirst["baseline_time_to_common_s"]) == \
-        pytest.approx((50.0, 21.0, 24.0))
-    assert actfirst["speedup_at_common_SR"] is None and actfirst["speedup_at_common_SR_ci95"] is None
-    assert actfirst["speedup"] == pytest.approx(1.0)  # the same updates: still measured
-    assert "| 50.0 | 21 / 24 | n/a |" in comparison_table([vanilla, actfirst])
+def test_same_sr_from_the_fixed_threshold(runs):
+    """Threshold 40%: vanilla reaches it at update 4 (300 s, seed 1) and 2 (170 s, seed 2), actfirst at update 2 in
+    both (60 s, 70 s), w/o ID at update 4 (200 s). Threshold 55%: vanilla never does (its best is 50%)."""
+    vanilla, actfirst, no_id = comparison_rows(runs, threshold=40.0)
+    assert [r["to_threshold"] for r in vanilla["runs"]] == [{"update": 4, "elapsed_s": 300.0},
+                                                           {"update": 2, "elapsed_s": 170.0}]
+    assert actfirst["time_to_threshold_s"]["mean"] == pytest.approx(65.0) and actfirst["reached"] == [1, 2]
+    logs = np.log([300 / 60, 170 / 70])
+    half = math.tan(0.475 * math.pi) * logs.std(ddof=1) / math.sqrt(2)
+    assert actfirst["speedup_at_threshold"] == pytest.approx(math.exp(logs.mean()), rel=1e-12)
+    assert actfirst["speedup_at_threshold_ci95"] == pytest.approx(np.exp([logs.mean() - half, logs.mean() + half]))
+    assert no_id["speedup_at_threshold"] == pytest.approx(1.5) and no_id["speedup_at_threshold_ci95"] is None
+    vanilla, actfirst, _ = comparison_rows(runs, threshold=55.0)
+    assert (vanilla["reached"], vanilla["not_reached"]) == ([], [1, 2])
+    assert actfirst["reached"] == [1, 2] and actfirst["speedup_at_threshold"] is None  # no seed where both reach
+    table = comparison_table(comparison_rows(runs, threshold=55.0), 55.0)
+    assert "| 0 of 2 (not: 1, 2) |" in table and "| 2 of 2 |" in table
+
+
+def test_the_warm_start_opens_every_curve(tmp_path):
+    """Checkpoints are evaluated from the first one on; update 0 is the warm start's evaluation, at 0 s."""
+    write_run(tmp_path, wall=100.0, transitions=40, evals=[(2, 50.0, [3, 3]), (4, 100.0, [5, 5])])
+    row = run_row("actfirst", 1, tmp_path, warm_start=eval_record(0, 0.0, [2, 2]), threshold=25.0)
+    assert [(p["update"], p["elapsed_s"], p["SR"]) for p in row["curve"]] == [
+        (0, 0.0, pytest.approx(20.0)), (2, 50.0, pytest.approx(30.0)), (4, 100.0, pytest.approx(50.0))]
+    assert row["to_threshold"] == {"update": 2, "elapsed_s": 50.0}
+    assert row["phases_s"]["checkpoint_eval_s"] == 6.0  # two evaluations of 3 s each, after training
+
+
+def test_time_to_threshold_from_curves():
+    curve = [{"update": 0, "elapsed_s": 0.0, "SR": 40.0}, {"update": 2, "elapsed_s": 50.0, "SR": 55.0},
+             {"update": 4, "elapsed_s": 90.0, "SR": 48.0}, {"update": 6, "elapsed_s": 130.0, "SR": 61.0}]
+    assert time_to_threshold(curve, 50.0) == {"update": 2, "elapsed_s": 50.0}  # the first, not the best
+    assert time_to_threshold(curve, 55.0) == {"update": 2, "elapsed_s": 50.0}  # at or above
+    assert time_to_threshold(curve, 60.0) == {"update": 6, "elapsed_s": 130.0}  # no interpolation
+    assert time_to_threshold(curve, 62.0) is None
+
+
+def test_threshold_fixed_from_warm_start_and_teacher():
+    assert fixed_threshold("auto", 46.875, 75.0) == pytest.approx(46.875 + (75.0 - 46.875) / 2)
+    assert fixed_threshold(55.0, 46.875, 75.0) == 55.0
+    with pytest.raises(ConfigError, match="not above the warm start's SR 46.9%"):
+        fixed_threshold(40.0, 46.875, 75.0)
+    with pytest.raises(ConfigError, match="compare.threshold='auto'"):
+        fixed_threshold("auto", 30.0, 20.0)  # a teacher below the warm start
+    with pytest.raises(ConfigError, match="give a number instead"):
+        fixed_threshold("auto", None, 75.0)
+
+
+def test_paired_t_interval_by_hand():
+    # The issue's three seeds (Vanilla OPD 534 / 393 / 573 s, ActFirst-OPD 274 / 399 / 329 s): t_{0.975, 2} is
+    # (2p - 1) / sqrt(2p(1 - p)) at p = 0.975; the interval includes 1.
+    base, method = {0: 534.0, 1: 393.0, 2: 573.0}, {0: 274.0, 1: 399.0, 2: 329.0}
+    logs = np.log(np.array([534.0, 393.0, 573.0], dtype=np.float64) / np.array([274.0, 399.0, 329.0]))
+    half = 0.95 / math.sqrt(2 * 0.975 * 0.025) * logs.std(ddof=1) / math.sqrt(3)
+    result = paired_ratio(base, method)
+    assert result["ratio"] == pytest.approx(math.exp(logs.mean()), rel=1e-12)
+    assert result["ci95"] == pytest.approx(np.exp([logs.mean() - half, logs.mean() + half]), rel=1e-9)
+    assert result["ci95"][0] < 1 < result["ci95"][1] and result["ci95"] == pytest.approx([0.60, 3.71], abs=0.005)
+    steady = paired_ratio({0: 200.0, 1: 210.0, 2: 190.0}, {0: 100.0, 1: 100.0, 2: 100.0})
+    assert 1 < steady["ci95"][0] < 2 < steady["ci95"][1]  # excludes 1
+    assert paired_ratio({0: 200.0, 1: 210.0}, {1: 100.0, 2: 100.0})["seeds"] == [1]  # only the seeds both have
+    assert paired_ratio({0: 200.0}, {1: 100.0})["ratio"] is None
+
+
+def test_t_quantile():
+    assert t_quantile(0.975, 1) == pytest.approx(math.tan(0.475 * math.pi), rel=1e-10)
+    assert t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), rel=1e-10)
+    # Tables (Fisher and Yates): 2.571 (5), 2.228 (10), 2.042 (30)
+    assert [round(t_quantile(0.975, df), 3) for df in (5, 10, 30)] == [2.571, 2.228, 2.042]
+    with pytest.raises(ValueError):
+        t_quantile(0.4, 3)
+
+
+def test_abba_order():
+    assert run_order(["vanilla", "actfirst"], [0, 1, 2, 3]) == [
+        ("vanilla", 0), ("actfirst", 0), ("actfirst", 1), ("vanilla", 1),
+        ("vanilla", 2), ("actfirst", 2), ("actfirst", 3), ("vanilla", 3)]
+    assert run_order(["a", "b", "c"], [5, 7]) == [("a", 5), ("b", 5), ("c", 5), ("c", 7), ("b", 7), ("a", 7)]
 
 
 def test_without_a_finished_baseline_there_is_no_speedup(runs):
     methods = comparison_rows({"vanilla": {2: runs["no_id"][2]}, "actfirst": runs["actfirst"]})
     assert methods[0]["train_s"] is None and methods[0]["SR"] is None and methods[0]["unfinished"] == [2]
-    assert all(m["speedup"] is None and m["speedup_at_common_SR"] is None for m in methods)
+    assert all(m["speedup"] is None and m["speedup_at_threshold"] is None for m in methods)
     assert comparison_rows({"actfirst": runs["actfirst"]})[0]["speedup"] is None
 
 
 def test_table(runs):
-    lines = comparison_table(comparison_rows(runs)).splitlines()
+    lines = comparison_table(comparison_rows(runs, threshold=40.0), 40.0).splitlines()
     assert lines[0] == ("| Method | Seeds | SR (%) | Round | Train (s) | Transitions | Transitions/s | Speedup vs "
-                        "Vanilla OPD (95% CI) | Common SR (%) | Time to it (s): method / Vanilla OPD | Speedup at "
-                        "common SR (95% CI) | Transitions/s ratio / transitions ratio (Sec. 5.4) | Rollout speedup "
-                        "measured / Eq. 36 (run's requests) |")
+                        "Vanilla OPD, same updates (paired t 95% CI) | Bootstrap 95% CI (cross-check) | "
+                        "Transitions/s ratio / transitions ratio (Sec. 5.4) | Seeds reaching 40.0% | Time to it (s) | "
+                        "Speedup at it (paired t 95% CI, seeds) | Rollout speedup measured / Eq. 36 (run's requests) |")
     assert len(lines) == 5
     # Sec. 5.4: transitions/s 5.00 / 2.18 (vanilla: 2.0 and 2.35) and transitions 650 / 700
-    assert lines[2] == ("| Vanilla OPD | 2 | 45.0 ± 7.1 | 5.0 ± 0.0 | 320 ± 28 | 700 ± 141 | 2.18 ± 0.25 | 1.00x | "
-                        "45.0 | 320 / 320 | 1.00x | 1.00 / 1.00 | n/a / n/a |")
-    assert lines[3] == ("| ActFirst-OPD | 2 | 65.0 ± 7.1 | 5.0 ± 0.0 | 130 ± 14 | 650 ± 71 | 5.00 ± 0.00 | "
-                        "2.46x [2.14, 2.83] | 45.0 | 65 / 320 | 4.92x [1.21, 5.33] | 2.30 / 0.93 | 1.60 ± 0.14 / 2.10 ± 0.14 |")
+    assert lines[2] == ("| Vanilla OPD | 2 | 45.0 ± 7.1 | 5.0 ± 0.0 | 320 ± 28 | 700 ± 141 | 2.18 ± 0.25 | 1.00x |  | "
+                        "1.00 / 1.00 | 2 of 2 | 235 ± 92 | 1.00x, 2 | n/a / n/a |")
+    assert lines[3].startswith("| ActFirst-OPD | 2 | 65.0 ± 7.1 | 5.0 ± 0.0 | 130 ± 14 | 650 ± 71 | 5.00 ± 0.00 | "
+                               "2.46x [2.05, 2.96] | [2.14, 2.83] | 2.30 / 0.93 | 2 of 2 | 65 ± 7 | 3.48x [")
     assert lines[4] == ("| w/o ID | 1 (+1 unfinished) | 40.0 ± n/a | 5.0 ± n/a | 200 ± n/a | 500 ± n/a | "
-                        "2.50 ± n/a | 1.60x | 40.0 | 200 / 160 | 0.80x | 1.15 / 0.71 | n/a / n/a |")
+                        "2.50 ± n/a | 1.50x |  | 1.15 / 0.71 | 1 of 1 | 200 ± n/a | 1.50x, 1 | n/a / n/a |")
     actfirst = comparison_rows(runs)[1]
     assert actfirst["split_speedup"] == pytest.approx((5.0 / ((2.0 + 800 / 340) / 2)) / (650 / 700))
 
@@ -250,56 +318,42 @@ def test_curves_and_error_bars(runs):
     below, above = sr_error_bars(single)
     assert (below[2], above[2]) == pytest.approx((60.0 - lo, hi - 60.0))  # one seed: the pooled 95% interval
     assert [p["update"] for p in mean_curve([one, run_row("no_id", 1, runs["no_id"][1])])] == [0, 4]  # both have
-    assert time_to_common_sr([], curve)["common_SR"] is None
 
 
 def test_files(runs, tmp_path):
     out = tmp_path / "cmp"
-    text = write_comparison(runs, out, teacher=eval_report([7, 8]).summary())
+    fixed = {"setting": "auto", "threshold": 40.0, "how": "by hand", "warm_start": eval_record(0, 0.0, [1, 1, 1])}
+    text = write_comparison(runs, out, teacher=eval_report([7, 8]).summary(), fixed=fixed)
     assert (out / "comparison.md").read_text() == text + "\n"
     assert "Teacher: SR 75.0 ± 7.1 %" in text and "10,000 resamples" in text
+    assert "threshold 40.0% ('auto', fixed before training: by hand)" in text
     runs_lines = text.split("Runs (SR: mean ± SD over the evaluation seeds):\n\n")[1].splitlines()
     assert len(runs_lines) == 2 + 6
-    assert runs_lines[-1].startswith("| w/o ID | 2 | no | 0 | 10.0 ± 0.0 |") and "| 90 | 250 | 2.78 |" in runs_lines[-1]
+    assert runs_lines[-1].startswith("| w/o ID | 2 | no | 0 | 10.0 ± 0.0 |") and \
+        "| 90 | 2 / 4 / 6 / 1 | 3 | n/a / n/a / n/a | 250 | 2.78 | not reached |" in runs_lines[-1]  # 2 updates
+    assert "| 4 / 8 / 12 / 2 |" in runs_lines[2]  # rollout / score / update / sync seconds over the run's 4 updates
     saved = json.loads((out / "comparison.json").read_text())
     assert [m["strategy"] for m in saved["methods"]] == ["vanilla", "actfirst", "no_id"]
     actfirst = saved["methods"][1]
-    assert actfirst["speedup"] == pytest.approx(320 / 130) and actfirst["speedup_ci95"] == pytest.approx(
-        [300 / 140, 340 / 120])
+    assert actfirst["speedup"] == pytest.approx(math.sqrt(300 / 120 * 340 / 140))
+    assert actfirst["speedup_bootstrap_ci95"] == pytest.approx([300 / 140, 340 / 120])
     assert [(r["seed"], r["run_dir"]) for r in actfirst["runs"]] == [(k, str(runs["actfirst"][k])) for k in (1, 2)]
+    assert actfirst["runs"][0]["curve"][0]["SR"] == pytest.approx(10.0)  # the warm start's row opens each curve
     assert saved["methods"][2]["SR"]["sd"] is None and saved["teacher"]["successes"] == 15  # JSON has no NaN
     assert saved["bootstrap"] == {"resamples": BOOTSTRAP_RESAMPLES, "seed": 0}
+    assert saved["fixed_before_training"]["threshold"] == 40.0
     png = out / "comparison.png"
     assert png.read_bytes()[:8] == PNG_MAGIC
     with Image.open(png) as image:
         assert image.size == (round(COMPARISON_SIZE[0] * DPI), round(COMPARISON_SIZE[1] * DPI))
+    with Image.open(out / "curves.png") as image:  # one panel per seed (1 and 2), side by side
+        assert image.size == (round(2 * PANEL_SIZE[0] * DPI), round(PANEL_SIZE[1] * DPI))
 
 
 def test_plot_without_evaluations(tmp_path):
     write_run(tmp_path / "vanilla", wall=10.0, transitions=40, evals=[])
     methods = comparison_rows({"vanilla": {0: tmp_path / "vanilla"}, "actfirst": {0: tmp_path / "missing"}})
     assert plot_comparison(methods, tmp_path / "c.png").read_bytes()[:8] == PNG_MAGIC
-
-
-def test_the_trainer_records_splits(tmp_path):
-    """``Trainer._record_evaluation`` (run on a stand-in for the trainer) stores the per-split summaries that the
-    comparison reads."""
-    from actfirst.train.trainer import Trainer
-
-    from actfirst.train.metrics import MetricsSink
-
-    stand_in_trainer = types.SimpleNamespace(
-        engine=types.SimpleNamespace(weight_version=3), ctx=types.SimpleNamespace(world_size=1), out_dir=tmp_path,
-        cfg=types.SimpleNamespace(evaluation=types.SimpleNamespace(split="eval"), keep_best=False,
-                                  keep_checkpoints=1),
-        eval_kept=0.0, teacher_sr=None, sink=MetricsSink(tmp_path))
-    stand_in_trainer._draw_curve = lambda update: Trainer._draw_curve(stand_in_trainer, update)
-    report = eval_report({"valid_seen": [6, 7], "valid_unseen": [2, 3]})
-    Trainer._record_evaluation(stand_in_trainer, 5, report, 9.0, 42.0)
-    (record,) = [json.loads(line) for line in (tmp_path / "evals.jsonl").read_text().splitlines()]
-    assert record == {**eval_record(5, 42.0, {"valid_seen": [6, 7], "valid_unseen": [2, 3]}), "eval_wall_s": 9.0}
-    row = run_row("actfirst", 0, tmp_path)
-    assert row["splits"]["valid_seen"]["SR"]["mean"] == pytest.approx(65.0) and row["SR"]["mean"] == 45.0
 
 
 def test_every_strategy_has_its_paper_name():
@@ -318,7 +372,8 @@ def test_unknown_strategy_is_refused(capsys):
                                        (["--seeds", "one"], "as an integer"),
                                        (["out_dir=x"], "set by the comparison"),
                                        (["seed=3"], "use --strategies, --seeds and --out"),
-                                       (["rollout.strategy=vanilla"], "set by the comparison")])
+                                       (["rollout.strategy=vanilla"], "set by the comparison"),
+                                       (["checkpoint_every=5"], "use compare.checkpoint_every")])
 def test_other_refusals(capsys, argv, why):
     with pytest.raises(SystemExit):
         parse_args(argv)
@@ -334,133 +389,53 @@ def test_overrides_after_the_strategies_and_seeds():
 
 
 @dataclasses.dataclass
-class StandInConfig:
-    """What ``main`` reads of a run's config; :func:`save_config` writes its ``config.json`` as the trainer does."""
+class SavedConfig:
+    """What ``run_state`` compares: a config whose ``config.json`` :func:`save_config` writes as the trainer does."""
 
-    out_dir: str | None
-    strategy: str | None
-    seed: int
+    out_dir: str
     teacher: str = "T"
     num_updates: int = 4
+    evaluation: dict | None = None
 
 
-def save_config(cfg: StandInConfig) -> None:
+def save_config(cfg: SavedConfig) -> None:
     (Path(cfg.out_dir) / "config.json").write_text(config_json(cfg))
 
 
-@pytest.fixture
-def stand_ins(monkeypatch):
-    """Stand-ins for the config loader (and the models' resolution: it names none), the preparation, the teacher's
-    summary and the trainer (which writes a finished run of 4 updates and its config); the calls they got, in
-    order."""
-    calls = []
-
-    def stand_in_load_run_config(config, overrides):
-        calls.append(("load", config, overrides))
-        values = dict(o.split("=", 1) for o in overrides)
-        return StandInConfig(values.get("out_dir"), values.get("rollout.strategy"), int(values.get("seed", 7)))
-
-    def stand_in_train(cfg, resume=False):
-        calls.append(("train", cfg.strategy, cfg.seed, resume))
-        wall = {"vanilla": 200.0, "actfirst": 80.0}[cfg.strategy] + 2 * cfg.seed
-        write_run(Path(cfg.out_dir), wall=wall, transitions=400, evals=[(4, wall, [2, 3])], updates=cfg.num_updates)
+def test_resume_states(tmp_path):
+    """A run with all its updates is finished, one with fewer (or no wall-clock yet) started, a missing one new."""
+    finished, short, missing = (SavedConfig(str(tmp_path / name)) for name in ("finished", "short", "missing"))
+    write_run(Path(finished.out_dir), wall=100.0, transitions=40, evals=[])
+    write_run(Path(short.out_dir), wall=40.0, transitions=20, evals=[], updates=2)
+    for cfg in (finished, short):
         save_config(cfg)
-
-    monkeypatch.setitem(sys.modules, "actfirst.preparation", types.SimpleNamespace(
-        load_run_config=stand_in_load_run_config, resolve_models=lambda cfg: cfg,
-        check_inputs=lambda cfg, buildable: calls.append(("check", cfg.strategy, cfg.seed)),
-        ensure_prepared=lambda cfg: calls.append(("prepare", cfg.strategy, cfg.seed))))
-    import actfirst.eval_report
-
-    monkeypatch.setattr(actfirst.eval_report, "teacher_summary",
-                        lambda teacher: eval_report([7, 7]).summary() if teacher == "T" else None)
-    monkeypatch.setitem(sys.modules, "actfirst.train.trainer", types.SimpleNamespace(train=stand_in_train))
-    return calls
+    assert [run_state(c) for c in (finished, short, missing)] == [FINISHED, STARTED, NEW]
 
 
-def test_main_trains_every_strategy_and_seed_then_compares(tmp_path, capsys, stand_ins):
-    out = tmp_path / "cmp"
-    assert main(["--out", str(out), "--seeds", "1", "2", "num_updates=4"]) == 0
-    loads = [c for c in stand_ins if c[0] == "load"]
-    assert loads[0] == ("load", None, ["num_updates=4", "rollout.strategy=vanilla", "seed=1",
-                                       f"out_dir={out / 'vanilla' / 'seed1'}"])
-    assert [c[1:] for c in stand_ins if c[0] != "load"] == [
-        ("vanilla", 1), ("actfirst", 1), ("vanilla", 2), ("actfirst", 2),  # every input checked before any work
-        ("vanilla", 1), ("actfirst", 1), ("vanilla", 2), ("actfirst", 2),  # prepared (the first builds)
-        ("vanilla", 1, False), ("actfirst", 1, False), ("vanilla", 2, False), ("actfirst", 2, False)]  # seed by seed
-    printed = capsys.readouterr().out
-    # train_s: vanilla 202, 204 s; actfirst 82, 84 s: 203 / 83 = 2.45, in [202 / 84, 204 / 82] = [2.40, 2.49]
-    assert "| ActFirst-OPD | 2 | 25.0 ± 0.0 |" in printed and "| 2.45x [2.40, 2.49] | 25.0 | 83 / 203 |" in printed
-    assert "Teacher: SR 70.0 ± 0.0 %" in printed and "Teacher: SR 70.0" in (out / "comparison.md").read_text()
-    saved = json.loads((out / "comparison.json").read_text())
-    assert saved["teacher"]["successes"] == 14 and saved["methods"][1]["speedup"] == pytest.approx(203 / 83)
-    assert {p.name for p in out.iterdir()} == {"vanilla", "actfirst", "comparison.json", "comparison.md",
-                                               "comparison.png"}
-    # A second comparison into the same --out is refused before anything trains, unless it resumes.
-    stand_ins.clear()
-    assert main(["--out", str(out), "--seeds", "1"]) == 2
-    assert [c[0] for c in stand_ins] == ["load", "load"]
-    assert f"--out='{out}'" in capsys.readouterr().err
+def test_resume_refuses_a_run_of_another_config(tmp_path):
+    """A finished run saved under another teacher or evaluation, or a started one under another teacher, is refused
+    by field and values; a started run may change its evaluation, as a resume may."""
+    finished, started = SavedConfig(str(tmp_path / "finished")), SavedConfig(str(tmp_path / "started"))
+    write_run(Path(finished.out_dir), wall=100.0, transitions=40, evals=[])
+    write_run(Path(started.out_dir), wall=40.0, transitions=20, evals=[], finished=False)
+    save_config(SavedConfig(finished.out_dir, teacher="another teacher"))
+    with pytest.raises(ConfigError, match="teacher: 'another teacher' -> 'T'"):
+        run_state(finished)
+    save_config(SavedConfig(started.out_dir, evaluation={"seeds": [7]}))
+    assert run_state(started) == STARTED
+    save_config(SavedConfig(finished.out_dir, evaluation={"seeds": [7]}))
+    with pytest.raises(ConfigError, match="evaluation: "):
+        run_state(finished)  # its table row would hold another evaluation's SR
+    (Path(finished.out_dir) / "config.json").write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not a config"):
+        run_state(finished)
 
 
-def test_resume_skips_finished_runs_and_continues_the_others(tmp_path, capsys, stand_ins):
-    """vanilla seed 1 finished; vanilla seed 2 killed; actfirst seed 1 finished an earlier, shorter schedule (2 of
-    the 4 updates: not finished); actfirst seed 2 never started."""
-    out = tmp_path / "cmp"
-    write_run(out / "vanilla" / "seed1", wall=202.0, transitions=400, evals=[(4, 202.0, [2, 3])])
-    save_config(StandInConfig(str(out / "vanilla" / "seed1"), "vanilla", 1))
-    write_run(out / "vanilla" / "seed2", wall=90.0, transitions=200, evals=[], updates=2, finished=False)
-    write_run(out / "actfirst" / "seed1", wall=40.0, transitions=200, evals=[], updates=2)
-    assert main(["--out", str(out), "--seeds", "1", "2"]) == 2  # refused without --resume
-    assert "pass --resume" in capsys.readouterr().err
-    stand_ins.clear()
-    assert main(["--out", str(out), "--seeds", "1", "2", "--resume"]) == 0
-    assert [c[1:] for c in stand_ins if c[0] == "train"] == [("actfirst", 1, True), ("vanilla", 2, True),
-                                                             ("actfirst", 2, False)]
-    assert ("check", "vanilla", 1) not in stand_ins and ("prepare", "vanilla", 1) not in stand_ins
-    assert "seed 1: finished in" in capsys.readouterr().out
-    saved = json.loads((out / "comparison.json").read_text())
-    assert [m["seeds"] for m in saved["methods"]] == [[1, 2], [1, 2]]
-    stand_ins.clear()  # everything finished: a resumed comparison only writes the table
-    assert main(["--out", str(out), "--seeds", "1", "2", "--resume"]) == 0
-    assert not [c for c in stand_ins if c[0] != "load"]
+def test_the_compare_section_is_checked():
+    from actfirst.preparation import load_run_config
 
-
-def test_resume_refuses_a_run_of_another_config(tmp_path, capsys, stand_ins):
-    """Before anything trains: a finished run saved under another teacher or evaluation, or a started one under
-    another teacher, is refused by field and values; a started run may change its evaluation, as a resume may."""
-    out = tmp_path / "cmp"
-    assert main(["--out", str(out), "--seeds", "1", "2", "--strategies", "vanilla"]) == 0
-    finished, started = out / "vanilla" / "seed1", out / "vanilla" / "seed2"
-    (started / WALL_CLOCK).unlink()
-    save_config(StandInConfig(str(finished), "vanilla", 1, teacher="another teacher"))
-    stand_ins.clear()
-    resume = ["--out", str(out), "--seeds", "1", "2", "--strategies", "vanilla", "--resume"]
-    assert main(resume) == 2
-    err = capsys.readouterr().err
-    assert f"--resume: {finished}: the config differs from the run's saved config: teacher: 'another teacher' -> 'T'" \
-        in err and "pass another --out, or delete the run to train it again" in err
-    assert not [c for c in stand_ins if c[0] in ("train", "prepare")]
-    save_config(StandInConfig(str(finished), "vanilla", 1))
-    config = json.loads((started / "config.json").read_text())
-    (started / "config.json").write_text(json.dumps({**config, "evaluation": {"seeds": [7]}, "out_dir": "moved"}))
-    assert main(resume) == 0  # the started run resumes under its new evaluation (and is where it is)
-    assert [c[1:] for c in stand_ins if c[0] == "train"] == [("vanilla", 2, True)]
-    own = json.loads((finished / "config.json").read_text())
-    (finished / "config.json").write_text(json.dumps({**own, "evaluation": {"seeds": [7]}}))
-    assert main(resume) == 2  # its table row would hold another evaluation's SR
-    assert "differs from the run's saved config: evaluation: " in capsys.readouterr().err
-    (finished / "config.json").write_text("[1, 2]")
-    assert main(resume) == 2
-    assert f"{finished / 'config.json'}: not a config (a list)" in capsys.readouterr().err
-    (finished / "config.json").write_text("{not json")
-    assert main(resume) == 2
-    assert f"{finished / 'config.json'}: the run's config cannot be read" in capsys.readouterr().err
-
-
-def test_the_default_seed_is_the_configs(tmp_path, stand_ins):
-    out = tmp_path / "cmp"
-    assert main(["--out", str(out), "--strategies", "actfirst"]) == 0
-    assert stand_ins[0] == ("load", None, [])  # read for its seed (the stand-in config's is 7)
-    assert [c for c in stand_ins if c[0] == "train"] == [("train", "actfirst", 7, False)]
-    assert (out / "actfirst" / "seed7" / WALL_CLOCK).is_file()
+    assert load_run_config(None, ["compare.threshold=55", "compare.checkpoint_every=3"]).compare.threshold == 55.0
+    for item, why in (("compare.threshold=150", "compare.threshold=150"), ("compare.threshold=aut", "auto"),
+                      ("compare.checkpoint_every=0", "compare.checkpoint_every=0")):
+        with pytest.raises(ConfigError, match=why):
+            load_run_config(None, [item])

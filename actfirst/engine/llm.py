@@ -68,8 +68,7 @@ class VLLMEngine:
             route_vllm_logs(None, "warning")
         if not torch.cuda.is_available():
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)  # parsed with int(): whole GiB
-            # vLLM's CPU worker ignores torch.set_num_threads; two threads on a shared 2-core machine stall.
-            os.environ.setdefault("OMP_NUM_THREADS", "1")
+            # OMP_NUM_THREADS was fixed before torch was imported (actfirst.threads)
         import vllm
         from vllm import LLM  # imported here: the environment above must be set first
 

@@ -10,7 +10,6 @@ every failure; :func:`describe_failure` turns that report into one line naming t
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import uuid
@@ -45,7 +44,6 @@ def launch_ranks(nproc: int, command: list[str], *, monitor_interval_s: float = 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
                           monitor_interval=monitor_interval_s, start_method="spawn")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default per rank; vLLM's CPU worker needs it set
     try:
         elastic_launch(config, sys.executable)(*command)
     except ChildFailedError as error:

@@ -1,0 +1,27 @@
+"""Importing the package fixes ``OMP_NUM_THREADS`` before torch is imported, so torch computes with that many
+threads; a value in the environment is kept; what a process computes with is recorded."""
+
+import json
+import os
+import subprocess
+import sys
+
+PROBE = ("import json, os, actfirst, torch; from actfirst.threads import thread_counts; "
+         "print(json.dumps(thread_counts()))")
+
+
+def counts(env_threads: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if env_threads is not None:
+        env["OMP_NUM_THREADS"] = env_threads
+    proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_the_thread_count_is_fixed_before_torch():
+    fixed = counts(None)
+    assert (fixed["OMP_NUM_THREADS"], fixed["torch_threads"]) == ("1", 1)
+    assert fixed["usable_cores"] <= fixed["cores"]
+    given = counts("2")  # the environment's own value wins
+    assert (given["OMP_NUM_THREADS"], given["torch_threads"]) == ("2", 2)
