@@ -22,8 +22,10 @@ wall-clock is C.3's final ``train_s`` (``wall_clock.json``). One row per method,
   is left out of the interval and listed ("not reached").
 - Sec. 5.4's split: the method's transitions per second and executed transitions over Vanilla OPD's (elapsed time
   is transitions over throughput, so the speedup is close to the first ratio over the second).
-- The rollout speedup model from each run's own request records (``actfirst.train.speedup``): measured and Eq. 36's
-  prediction against Eq. 36's Vanilla time, mean ± SD over seeds.
+- The rollout speedup from each run's own request records (``actfirst.train.speedup.run_figures``, the run's
+  ``wall_clock.json``): Vanilla OPD's measured rollout-batch time over the method's, and the same of Eq. 36's times
+  (Vanilla's from its own full responses, the method's from its own fast actions and full responses), each the paired
+  per-seed log ratio as above.
 
 ``comparison.md`` also lists every run (its threads: ``run_summary.json``); ``comparison.json`` holds each method's
 aggregates, its mean curve, every run's own row and the threshold; ``comparison.png`` is Figure 5 (per method the
@@ -62,9 +64,8 @@ COMPARISON_SIZE = (7.0, 4.5)
 """Inches of ``comparison.png``."""
 PANEL_SIZE = (4.0, 3.2)
 """Inches of one seed's panel in ``curves.png``."""
-ROLLOUT_MODEL = ("measured", "eq36", "eq26")
-"""The run's rollout speedup figures (``actfirst.train.speedup``): measured and Eq. 36 against Eq. 36's Vanilla time
-from the run's own requests, and Eq. 26's bound."""
+ROLLOUT_MODEL = {"measured": "measured_s_per_batch", "eq36": "eq36_s_per_batch"}
+"""The rollout speedups over Vanilla OPD, each from a figure of both runs' own records (``run_figures``)."""
 PHASES = ("rollout_s", "score_s", "update_s", "sync_s", "probe_s")
 """The per-update phase seconds of ``metrics.jsonl`` that a run's row sums."""
 CHECKPOINT_EVALS = "checkpoint_evals.jsonl"
@@ -130,7 +131,7 @@ def run_row(strategy: str, seed: int, path: str | Path, *, warm_start: dict[str,
             "splits": {split: {m: stats.get(m) for m in EVAL_METRICS} for split, stats in splits.items()},
             "train_s": train_s, "transitions": transitions,
             "transitions_per_s": transitions / train_s if train_s and transitions is not None else None,
-            **{f"rollout_{k}": last.get(f"speedup/run_{k}") for k in ROLLOUT_MODEL},
+            "rollout": final.get("rollout_model") if final else None,
             "phases_s": phases, "threads": _threads(path), "curve": curve,
             "to_threshold": time_to_threshold(curve, threshold) if threshold is not None else None}
 
@@ -145,8 +146,7 @@ def method_row(strategy: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
             **{m: _over_seeds([(r[m] or {}).get("mean") for r in done]) for m in EVAL_METRICS},
             "splits": {split: {m: _over_seeds([((r["splits"].get(split) or {}).get(m) or {}).get("mean") for r in done])
                                for m in EVAL_METRICS} for split in splits},
-            **{key: _over_seeds([r[key] for r in done]) for key in ("train_s", "transitions", "transitions_per_s",
-                                                                  *(f"rollout_{k}" for k in ROLLOUT_MODEL))},
+            **{key: _over_seeds([r[key] for r in done]) for key in ("train_s", "transitions", "transitions_per_s")},
             "phases_s": {k: _over_seeds([r["phases_s"][k] for r in done]) for k in (*PHASES, "eval_s",
                                                                                    "checkpoint_eval_s")},
             "time_to_threshold_s": _over_seeds([(r["to_threshold"] or {}).get("elapsed_s") for r in done]),
@@ -269,7 +269,7 @@ def comparison_rows(runs: dict[str, dict[int, Path]], *, warm_start: dict[str, A
             m.update(speedup=1.0, speedup_ci95=None, speedup_seeds=m["seeds"], speedup_log_sd=None,
                      speedup_bootstrap_ci95=None, speedup_at_threshold=1.0 if m["reached"] else None,
                      speedup_at_threshold_ci95=None, speedup_at_threshold_seeds=m["reached"])
-            m.update(speedup_split(base, m))
+            m.update(speedup_split(base, m), **{f"rollout_{k}": None for k in ROLLOUT_MODEL})
             continue
         same = paired_ratio({r["seed"]: r["train_s"] for r in base_runs}, {r["seed"]: r["train_s"] for r in done})
         m["speedup"], m["speedup_ci95"], m["speedup_seeds"] = same["ratio"], same["ci95"], same["seeds"]
@@ -280,8 +280,19 @@ def comparison_rows(runs: dict[str, dict[int, Path]], *, warm_start: dict[str, A
                                for side in (base_runs, done)))
         m["speedup_at_threshold"], m["speedup_at_threshold_ci95"] = at_sr["ratio"], at_sr["ci95"]
         m["speedup_at_threshold_seeds"] = at_sr["seeds"]
-        m.update(speedup_split(base, m))
+        m.update(speedup_split(base, m), **rollout_speedups(base_runs, done))
     return methods
+
+
+def rollout_speedups(base_runs: list[dict[str, Any]], runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rollout speedups over Vanilla OPD from each run's own records (:data:`ROLLOUT_MODEL`): per figure the
+    paired per-seed ratio (:func:`paired_ratio`) of Vanilla's per-batch seconds over the method's."""
+
+    def figure(side: list[dict[str, Any]], key: str) -> dict[int, float]:
+        return {r["seed"]: r["rollout"][key] for r in side if r["rollout"] and r["rollout"].get(key)}
+
+    return {f"rollout_{name}": paired_ratio(figure(base_runs, key), figure(runs, key))
+            for name, key in ROLLOUT_MODEL.items()}
 
 
 def speedup_split(base: dict[str, Any] | None, method: dict[str, Any]) -> dict[str, float | None]:
@@ -329,9 +340,9 @@ def comparison_table(methods: list[dict[str, Any]], threshold: float | None = No
             columns += [("Speedup at it (paired t 95% CI, seeds)", lambda m: _fmt(m["speedup_at_threshold"], ".2f", "x")
                          + _ci(m["speedup_at_threshold_ci95"], ".2f", lead=" ", absent="")
                          + (f", {len(m['speedup_at_threshold_seeds'])}" if m["speedup_at_threshold"] else ""))]
-    if any(m["rollout_eq36"] for m in methods):
-        columns += [("Rollout speedup measured / Eq. 36 (run's requests)",
-                     lambda m: f"{_pm(m['rollout_measured'], '.2f')} / {_pm(m['rollout_eq36'], '.2f')}")]
+    if any((m.get("rollout_eq36") or {}).get("ratio") for m in methods):
+        columns += [("Rollout speedup measured / Eq. 36 (each run's own records, paired t 95% CI)",
+                     lambda m: f"{_paired(m['rollout_measured'])} / {_paired(m['rollout_eq36'])}")]
     return _markdown(columns, methods)
 
 
@@ -510,6 +521,13 @@ def _ci(interval: list[float | None] | None, spec: str = ".1f", *, lead: str = "
     if not interval or any(map(_missing, interval)):
         return absent
     return f"{lead}[{interval[0]:{spec}}, {interval[1]:{spec}}]"
+
+
+def _paired(stat: dict[str, Any] | None) -> str:
+    """A :func:`paired_ratio` as ``2.10x [1.50, 2.94]`` (``-`` where there is none)."""
+    if not stat or stat["ratio"] is None:
+        return "-"
+    return _fmt(stat["ratio"], ".2f", "x") + _ci(stat["ci95"], ".2f", lead=" ", absent="")
 
 
 def _pm(stat: dict[str, Any] | None, spec: str = ".1f") -> str:

@@ -71,21 +71,21 @@ def eval_record(update: int, elapsed_s: float, successes, benchmark: str = "alfw
 
 def write_run(run_dir: Path, *, wall: float, transitions: int, evals: list[tuple], benchmark: str = "alfworld",
               updates: int = 4, final_s: float | None = None, finished: bool = True,
-              rollout: tuple[float, float, float] | None = None) -> None:
+              rollout: tuple[float, float] | None = None) -> None:
     """A run directory: ``updates`` metrics records ending at ``wall`` s and ``transitions`` transitions (each update
     1 s of rollout, 2 of scoring, 3 of update, 0.5 of sync), the checkpoints' evaluations ``(update, elapsed_s,
     successes)`` (see :func:`eval_report`), and (``finished``) ``wall_clock.json``
-    with ``updates`` updates and the final wall-clock ``final_s`` (default ``wall``); ``rollout``: the run's rollout
-    speedup model figures (measured, Eq. 36, Eq. 26) in its metrics."""
+    with ``updates`` updates and the final wall-clock ``final_s`` (default ``wall``); ``rollout``: the run's own
+    rollout figures there (measured and Eq. 36 seconds per rollout batch, ``actfirst.train.speedup.run_figures``)."""
     run_dir.mkdir(parents=True, exist_ok=True)  # the stand-in trainer rewrites a resumed run
     if finished:
         (run_dir / WALL_CLOCK).write_text(json.dumps({"train_s": wall if final_s is None else final_s,
-                                                      "eval_s": 6.0, "probe_s": 1.0, "updates": updates}))
+                                                      "eval_s": 6.0, "probe_s": 1.0, "updates": updates,
+                                                      "rollout_model": None if rollout is None else dict(zip(
+                                                          ("measured_s_per_batch", "eq36_s_per_batch"), rollout))}))
     metrics = [{"update": u, "elapsed_s": wall * u / updates, "total_transitions": transitions * u // updates,
                 "transitions": transitions // updates, "rollout_s": 1.0, "score_s": 2.0, "update_s": 3.0,
-                "sync_s": 0.5,
-                **({} if rollout is None else dict(zip(("speedup/run_measured", "speedup/run_eq36",
-                                                        "speedup/run_eq26"), rollout)))}
+                "sync_s": 0.5}
                for u in range(1, updates + 1)]
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
     rows = [eval_record(u, t, s, benchmark) for u, t, s in evals]
@@ -103,7 +103,8 @@ def runs(tmp_path) -> dict[str, dict[int, Path]]:
             ("actfirst", 1): (120.0, 600, [(0, 0.0, [1, 1, 1]), (2, 60.0, [5, 5, 5]), (4, 120.0, [5, 6, 7])]),
             ("actfirst", 2): (140.0, 700, [(0, 0.0, [1, 1, 1]), (2, 70.0, [4, 4, 4]), (4, 140.0, [7, 7, 7])]),
             ("no_id", 1): (200.0, 500, [(0, 0.0, [1, 1, 1]), (4, 200.0, [4, 4, 4])])}
-    rollout = {("actfirst", 1): (1.5, 2.0, 3.0), ("actfirst", 2): (1.7, 2.2, 3.2)}
+    rollout = {("vanilla", 1): (30.0, 40.0), ("vanilla", 2): (34.0, 44.0), ("actfirst", 1): (15.0, 10.0),
+               ("actfirst", 2): (16.0, 11.0)}
     for (strategy, seed), (wall, transitions, evals) in spec.items():
         write_run(tmp_path / strategy / f"seed{seed}", wall=wall, transitions=transitions, evals=evals,
                   rollout=rollout.get((strategy, seed)))
@@ -246,15 +247,19 @@ def test_table(runs):
     assert lines[0] == ("| Method | Seeds | SR (%) | Round | Train (s) | Transitions | Transitions/s | Speedup vs "
                         "Vanilla OPD, same updates (paired t 95% CI) | Bootstrap 95% CI (cross-check) | "
                         "Transitions/s ratio / transitions ratio (Sec. 5.4) | Seeds reaching 40.0% | Time to it (s) | "
-                        "Speedup at it (paired t 95% CI, seeds) | Rollout speedup measured / Eq. 36 (run's requests) |")
+                        "Speedup at it (paired t 95% CI, seeds) | Rollout speedup measured / Eq. 36 (each run's own records, "
+                        "paired t 95% CI) |")
     assert len(lines) == 5
     # Sec. 5.4: transitions/s 5.00 / 2.18 (vanilla: 2.0 and 2.35) and transitions 650 / 700
     assert lines[2] == ("| Vanilla OPD | 2 | 45.0 ± 7.1 | 5.0 ± 0.0 | 320 ± 28 | 700 ± 141 | 2.18 ± 0.25 | 1.00x |  | "
-                        "1.00 / 1.00 | 2 of 2 | 235 ± 92 | 1.00x, 2 | n/a / n/a |")
+                        "1.00 / 1.00 | 2 of 2 | 235 ± 92 | 1.00x, 2 | - / - |")
     assert lines[3].startswith("| ActFirst-OPD | 2 | 65.0 ± 7.1 | 5.0 ± 0.0 | 130 ± 14 | 650 ± 71 | 5.00 ± 0.00 | "
                                "2.46x [2.05, 2.96] | [2.14, 2.83] | 2.30 / 0.93 | 2 of 2 | 65 ± 7 | 3.48x [")
     assert lines[4] == ("| w/o ID | 1 (+1 unfinished) | 40.0 ± n/a | 5.0 ± n/a | 200 ± n/a | 500 ± n/a | "
-                        "2.50 ± n/a | 1.50x |  | 1.15 / 0.71 | 1 of 1 | 200 ± n/a | 1.50x, 1 | n/a / n/a |")
+                        "2.50 ± n/a | 1.50x |  | 1.15 / 0.71 | 1 of 1 | 200 ± n/a | 1.50x, 1 | - / - |")
+    # the rollout speedups, paired over seeds 1 and 2 from each run's own records: measured 30/15 and 34/16 (the
+    # geometric mean 2.06, t_1 = 12.706), Eq. 36 40/10 and 44/11 (4 both times: no spread)
+    assert lines[3].endswith("| 2.06x [1.40, 3.03] / 4.00x [4.00, 4.00] |"), lines[3]
     actfirst = comparison_rows(runs)[1]
     assert actfirst["split_speedup"] == pytest.approx((5.0 / ((2.0 + 800 / 340) / 2)) / (650 / 700))
 
