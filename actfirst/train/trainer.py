@@ -183,6 +183,8 @@ class UpdateStats:
     failures: list[str] = dataclasses.field(default_factory=list)
     overlapped: bool = False
     """Whether rollouts were collected while this update scored and updated."""
+    ahead_s: float = 0.0
+    """How long the next update's collection ran (from the start of scoring and the update: ``_collect_ahead``)."""
     wait_s: float = 0.0
     """How long the weight sync waited for the collection in flight after the update had finished."""
     staleness: int = 0
@@ -230,8 +232,6 @@ class Trainer:
         self.buffer = SampleBuffer()
         self.sample_yield = SampleYield()
         """Samples per episode of the latest rollout batches: the size of the batches collected ahead."""
-        self.engine_threads = torch.get_num_threads()
-        """The torch threads of the event loop's thread, where the engine runs (read again at every update)."""
         self.stream = TaskStream(self.tasks, cfg.seed + ctx.rank)
         self.batch_tasks = share(cfg.rollout.batch_tasks, ctx.rank, ctx.world_size)
         self.quota = cfg.batch_samples // ctx.world_size
@@ -476,13 +476,13 @@ class Trainer:
         """The samples of ``update`` (the next), collected while this one scores and updates under weight version
         ``version``: with ``batch: turns``, rollout batches sized to what it still lacks until the buffer holds its
         share (see ``actfirst.train.pipeline``); with ``batch: rollout``, its one rollout batch."""
+        before = stats.batches
+        t0 = time.perf_counter()
         if self.cfg.batch == "rollout":
-            stats.overlapped = True
             self._finish_batch(await self._run_batch(update, self.batch_tasks), stats)
-            return
-        while (need := self.quota - self.buffer.num_eligible(version + 1)) > 0:
-            stats.overlapped = True
+        while self.cfg.batch == "turns" and (need := self.quota - self.buffer.num_eligible(version + 1)) > 0:
             self._finish_batch(await self._run_batch(update, self._tasks_for(need)), stats)
+        stats.overlapped, stats.ahead_s = stats.batches > before, time.perf_counter() - t0
 
     def _tasks_for(self, need: int) -> int:
         """The tasks of a rollout batch expected to give ``need`` more samples (at most ``rollout.batch_tasks``)."""
@@ -524,11 +524,11 @@ class Trainer:
         (``parallel.cpu_update_threads``; ``actfirst.train.pipeline``)."""
         if self.cfg.student.sleep_level:
             self.engine.sleep()
-        self.engine_threads = torch.get_num_threads()  # the event loop's thread: the engine's
+        engine_threads = torch.get_num_threads()  # read in the event loop's thread: the engine's
         threads = None
         if self.ctx.device.type == "cpu":
             threads = update_threads(self.cfg.parallel.cpu_update_threads, pipeline=self.cfg.pipeline,
-                                     engine_threads=self.engine_threads,
+                                     engine_threads=engine_threads,
                                      ranks_here=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
         def work() -> dict[str, Any]:
@@ -540,7 +540,7 @@ class Trainer:
             t1 = time.perf_counter()
             metrics = self.updater.update(samples, self.engine.weight_version)
             return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1, **kernel_paths(),
-                    "cpu/engine_threads": self.engine_threads, "cpu/update_threads": used}
+                    "cpu/engine_threads": engine_threads, "cpu/update_threads": used}
 
         return await asyncio.to_thread(work)
 
@@ -614,7 +614,7 @@ class Trainer:
                            *[window[k] for k in keys]])  # one collective for every count of the update
         transitions, batches, generated, discarded, buffered, dropped, early = (int(x) for x in sums[:7])
         times = dict(zip(SPEEDUP_FIELDS, sums[7:7 + len(SPEEDUP_FIELDS)]))
-        slowest = reduce_max([stats.rollout_s, stats.wall_s, stats.wait_s, stats.staleness])
+        slowest = reduce_max([stats.rollout_s, stats.wall_s, stats.wait_s, stats.staleness, stats.ahead_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
                                        "failures": stats.failures, "records": stats.records,
                                        "interventions": stats.interventions, "batch_n": self.batch_index - 1})
@@ -629,7 +629,7 @@ class Trainer:
             **{f"speedup/run_{k}": v for k, v in speedups(self.clock.rollout_times).items()},
             "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,
             "pipeline": self.cfg.pipeline, "pipeline/overlapped": stats.overlapped, "pipeline/wait_s": slowest[2],
-            "pipeline/max_staleness": int(slowest[3]), "update_wall_s": slowest[1], "elapsed_s": self.clock.elapsed(),
+            "pipeline/max_staleness": int(slowest[3]), "pipeline/ahead_s": slowest[4], "update_wall_s": slowest[1], "elapsed_s": self.clock.elapsed(),
             "env_steps_per_s": transitions / slowest[1] if slowest[1] > 0 else math.nan,
             "transitions": transitions, "total_transitions": self.clock.total_transitions,
             "failed_episodes": len(failures), "failures": failures,
