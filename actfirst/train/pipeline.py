@@ -24,8 +24,10 @@ batch per update) the collection ahead is that one batch of ``batch_tasks`` task
 The CPU split (:func:`update_threads`): vLLM's CPU engine runs its OpenMP threads (``OMP_NUM_THREADS``) on the event
 loop's thread and ignores ``torch.set_num_threads`` after it starts. Scoring and the update run in a thread of their
 own in every mode, whose torch thread count (:func:`set_torch_threads`, per thread under OpenMP) is the rank's cores
-less the engine's while the engine serves rollouts beside them, or all of the rank's cores when it is idle (serial).
-On a GPU the update runs on the device beside the engine (colocated); its host threads are left as they are.
+less the engine's. The same under ``serial``, whose engine idles during the update: the pipelines then differ only
+in their schedule, and on the shared 2-core VM a second OpenMP thread made the update slower, not faster (16.5 s
+against 5.8 s per update with one, bench/RESULTS.md); ``parallel.cpu_update_threads`` sets another count. On a GPU
+the update runs on the device beside the engine (colocated); its host threads are left as they are.
 """
 
 from __future__ import annotations
@@ -71,14 +73,13 @@ class SampleYield:
         self.window.extend((int(e), int(s)) for e, s in state)
 
 
-def update_threads(setting: int | None, *, pipeline: str, engine_threads: int, ranks_here: int) -> int:
+def update_threads(setting: int | None, *, engine_threads: int, ranks_here: int) -> int:
     """The torch threads for scoring and the update on the CPU: ``setting`` (``parallel.cpu_update_threads``) when
-    given, else this rank's share of the process's cores (``ranks_here``: the node's ranks), less the engine's
-    ``engine_threads`` unless the pipeline is serial (then the engine is idle during the update); at least 1."""
+    given, else this rank's share of the process's cores (``ranks_here``: the node's ranks) less the engine's
+    ``engine_threads``, at least 1, whatever the pipeline (see the module docstring)."""
     if setting is not None:
         return setting
-    share = max(1, len(os.sched_getaffinity(0)) // max(1, ranks_here))
-    return share if pipeline == "serial" else max(1, share - engine_threads)
+    return max(1, len(os.sched_getaffinity(0)) // max(1, ranks_here) - engine_threads)
 
 
 def set_torch_threads(n: int) -> int:

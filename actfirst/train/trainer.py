@@ -527,8 +527,7 @@ class Trainer:
         engine_threads = torch.get_num_threads()  # read in the event loop's thread: the engine's
         threads = None
         if self.ctx.device.type == "cpu":
-            threads = update_threads(self.cfg.parallel.cpu_update_threads, pipeline=self.cfg.pipeline,
-                                     engine_threads=engine_threads,
+            threads = update_threads(self.cfg.parallel.cpu_update_threads, engine_threads=engine_threads,
                                      ranks_here=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
         def work() -> dict[str, Any]:

@@ -33,11 +33,10 @@ def test_the_batch_collected_ahead_is_sized_to_what_the_update_lacks():
 
 def test_the_update_gets_the_cores_the_engine_does_not_use():
     cores = len(os.sched_getaffinity(0))
-    assert update_threads(3, pipeline="async", engine_threads=1, ranks_here=1) == 3  # parallel.cpu_update_threads
-    assert update_threads(None, pipeline="serial", engine_threads=1, ranks_here=1) == cores
-    assert update_threads(None, pipeline="async", engine_threads=1, ranks_here=1) == max(1, cores - 1)
-    assert update_threads(None, pipeline="inflight", engine_threads=cores, ranks_here=1) == 1
-    assert update_threads(None, pipeline="serial", engine_threads=1, ranks_here=2 * cores) == 1
+    assert update_threads(3, engine_threads=1, ranks_here=1) == 3  # parallel.cpu_update_threads
+    assert update_threads(None, engine_threads=1, ranks_here=1) == max(1, cores - 1)
+    assert update_threads(None, engine_threads=cores, ranks_here=1) == 1
+    assert update_threads(None, engine_threads=0, ranks_here=2) == max(1, cores // 2)
 
 
 def test_the_update_threads_are_its_own():
