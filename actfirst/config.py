@@ -515,9 +515,9 @@ class TrainConfig:
     from the FIFO buffer, of the current or the preceding weight version (a rollout batch may feed several updates,
     or several batches one). ``rollout`` (003, Sec. 5.1: "we train for 250 steps on ALFWorld and 150 on WebShop with
     rollout batch size 16"): one step trains on every sample of one rollout batch (``rollout.batch_tasks`` tasks),
-    in ``num_minibatches`` mini-batches, and the next batch is collected under the new weights (with ``pipeline:
-    async``: during the update, one version behind); ``batch_samples`` is not read. TCOD's n and UOPD's r_n then advance once
-    per step, as in 003."""
+    in ``num_minibatches`` mini-batches, and the next batch is collected under the new weights (unless ``pipeline:
+    serial``: during the update, one version behind); ``batch_samples`` is not read. TCOD's n and UOPD's r_n then
+    advance once per step, as in 003."""
     batch_samples: int = 64
     """Full responses per update with ``batch: turns`` (Sec. 5.1: optimization batches of 64)."""
     num_minibatches: int = 1
