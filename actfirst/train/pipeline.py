@@ -17,9 +17,11 @@ each of the tasks expected to give what the next update still lacks (its quota l
 eligible, over the samples per episode of the latest rollout batches: :meth:`SampleYield.tasks_for`), until the
 buffer holds the quota; a batch that came short is followed at once by one for the shortfall, still during the
 update. What is thrown away per update is what the last episodes give beyond the quota (under one episode's samples
-on average), against serial's nothing, and far below a whole batch's. The update's own top-up (when the collection
-ahead came short, or in the first update) is sized the same way. Under ``batch: rollout`` (003's step: one rollout
-batch per update) the collection ahead is that one batch of ``batch_tasks`` tasks.
+on average), far below a whole batch's; serial drops too, whatever a batch holds beyond two updates' samples (on the
+CPU demo a third of each batch, so there async collects fewer transitions per update than serial: bench/RESULTS.md).
+An update's own collection (the first update's: nothing is known yet, so a whole batch) is sized the same way. Under
+``batch: rollout`` (003's step: one rollout batch per update) the collection ahead is that one batch of
+``batch_tasks`` tasks.
 
 The CPU split (:func:`update_threads`): vLLM's CPU engine runs its OpenMP threads (``OMP_NUM_THREADS``) on the event
 loop's thread and ignores ``torch.set_num_threads`` after it starts. Scoring and the update run in a thread of their
