@@ -79,7 +79,7 @@ class EngineConfig:
     without them; the in-place weight reload and sleep keep them valid: docs/engine.md), eager on the CPU (which has no
     graphs; vLLM would torch.compile instead)."""
     sleep_level: Literal[0, 1, 2] = 0
-    """GPU only: free the engine's memory while the trainer updates (vLLM's sleep mode; needs ``overlap: false``).
+    """GPU only: free the engine's memory while the trainer updates (vLLM's sleep mode; needs ``pipeline: serial``).
     1: the weights go to CPU memory and the KV cache is dropped; 2: both are dropped (the new weights come from the
     trainer anyway, so level 2 costs nothing more on wake-up). 0: the engine keeps its memory."""
     seed: int = 0
@@ -455,8 +455,17 @@ class ParallelConfig:
     ``auto``, hybrid when the job spans several nodes (``WORLD_SIZE > LOCAL_WORLD_SIZE``), else flat
     (``actfirst.parallel.context``; docs/parallel.md, "Several nodes")."""
 
+    cpu_update_threads: int | None = None
+    """On the CPU: the torch threads the teacher's scoring and the student's update run on (in their own thread,
+    beside the engine's, whose OpenMP threads vLLM's CPU worker fixes at ``OMP_NUM_THREADS``). null: automatic, this
+    rank's share of the cores (``os.sched_getaffinity`` over the node's ranks) less the engine's threads, at least 1,
+    in every pipeline (``actfirst.train.pipeline.update_threads``). Not read on a GPU: the update runs on the device,
+    beside the engine."""
+
     def __post_init__(self) -> None:
         check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")
+        check(self.cpu_update_threads is None or self.cpu_update_threads >= 1, "cpu_update_threads",
+              self.cpu_update_threads, "must be >= 1 (or null: automatic)")
         check(self.peer_timeout_s >= 5, "peer_timeout_s", self.peer_timeout_s, "must be >= 5")
 
 
@@ -465,6 +474,10 @@ def env_section_type(values: dict[str, Any]) -> Any:
     (None for none or an unknown one: the config's own check names it)."""
     name = values.get("benchmark")
     return BENCHMARKS[name].config_class | None if name in BENCHMARKS else None
+
+
+RENAMED = {"overlap": "replaced by pipeline: serial | async | inflight (overlap: false was serial, true async)"}
+"""Top-level keys a training config no longer has, and what to write instead."""
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -520,17 +533,22 @@ class TrainConfig:
     from the FIFO buffer, of the current or the preceding weight version (a rollout batch may feed several updates,
     or several batches one). ``rollout`` (003, Sec. 5.1: "we train for 250 steps on ALFWorld and 150 on WebShop with
     rollout batch size 16"): one step trains on every sample of one rollout batch (``rollout.batch_tasks`` tasks),
-    in ``num_minibatches`` mini-batches, and the next batch is collected under the new weights (with ``overlap``:
-    during the update, one version behind); ``batch_samples`` is not read. TCOD's n and UOPD's r_n then advance once
-    per step, as in 003."""
+    in ``num_minibatches`` mini-batches, and the next batch is collected under the new weights (unless ``pipeline:
+    serial``: during the update, one version behind); ``batch_samples`` is not read. TCOD's n and UOPD's r_n then
+    advance once per step, as in 003."""
     batch_samples: int = 64
     """Full responses per update with ``batch: turns`` (Sec. 5.1: optimization batches of 64)."""
     num_minibatches: int = 1
     """Optimizer steps per update: the batch is split into this many mini-batches."""
     micro_batch_tokens: int = 8192
     """Tokens per forward/backward pass (gradient accumulation over micro-batches)."""
-    overlap: bool = False
-    """Collect the next rollout batch while the update runs (weights enter the engine between rollout batches)."""
+    pipeline: Literal["serial", "async", "inflight"] = "async"
+    """How rollouts and the update share the time (C.3: "rollout collection and student optimization proceed
+    asynchronously"; ``actfirst.train.pipeline``). ``serial``: rollouts, then scoring and the update, then the weight
+    sync. ``async``: the next update's rollout batch, sized to what it still needs, is collected while the teacher
+    scores and the student updates; the new weights enter the engine when that batch ends (B.4's bound: every sample
+    at most one version behind). ``inflight``: as ``async``, but the weights enter the engine between its steps while
+    requests continue (each token carries its version)."""
     probe_contexts: int = 8
     """Fixed contexts on which the teacher-minus-student gap is tracked (0: off)."""
     probe_every: int = 1
@@ -587,8 +605,9 @@ class TrainConfig:
         check(bool(self.tracker_project.strip()), "tracker_project", self.tracker_project, "must name a project")
         check(self.references is None or bool(self.references.strip()), "references", self.references,
                "must name a reference cache file (or be null)")
-        check(not (self.student.sleep_level and self.overlap), "student.sleep_level", self.student.sleep_level,
-               "needs overlap: false (a sleeping engine cannot serve rollouts during the update)")
+        check(not (self.student.sleep_level and self.pipeline != "serial"), "student.sleep_level",
+              self.student.sleep_level, f"needs pipeline: serial, not {self.pipeline} (a sleeping engine cannot serve "
+              f"rollouts during the update)")
         check(self.rollout.temperature > 0, "rollout.temperature", self.rollout.temperature,
                "must be > 0 in training (log pi_old needs a sampled policy; greedy is for evaluation)")
         strategy.check_config(self)
@@ -622,7 +641,9 @@ class TrainConfig:
 
     @classmethod
     def moved_key(cls, name: str) -> str | None:
-        """Where a top-level key of configs written before ``env:`` went (a benchmark's own section)."""
+        """Where a top-level key of older configs went: a benchmark's own section (before ``env:``), ``overlap``."""
+        if name in RENAMED:
+            return RENAMED[name]
         return f"rename this section to env: (benchmark: {name})" if name in BENCHMARKS else None
 
     @property
@@ -663,7 +684,7 @@ def check_resumable(saved: dict[str, Any], current: dict[str, Any], what: str, *
             for f in dataclasses.fields(TrainConfig)}
     defaults = _plain({k: to_dict(v) if dataclasses.is_dataclass(v) else v for k, v in made.items()
                        if v is not dataclasses.MISSING})
-    saved = _env_section(saved)
+    saved = _pipeline_key(_env_section(saved))
     keys, saved, current = sorted(set(saved) | set(current)), _with_defaults(_plain(saved), defaults), _plain(current)
     differ = [d for k in keys if k not in may_change for d in _differences(saved.get(k), current.get(k), k)]
     if differ:
@@ -680,6 +701,14 @@ def _env_section(saved: dict[str, Any]) -> dict[str, Any]:
     if not old or "env" in saved:
         return saved
     return {**{k: v for k, v in saved.items() if k not in old}, "env": saved.get(saved.get("benchmark"))}
+
+
+def _pipeline_key(saved: dict[str, Any]) -> dict[str, Any]:
+    """A saved config written before ``pipeline`` (``overlap: true | false``) in today's terms: ``async | serial``."""
+    if "overlap" not in saved or "pipeline" in saved:
+        return saved
+    rest = {k: v for k, v in saved.items() if k != "overlap"}
+    return {**rest, "pipeline": "async" if saved["overlap"] else "serial"}
 
 
 def _plain(value: Any) -> Any:

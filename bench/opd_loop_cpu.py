@@ -1,6 +1,6 @@
 """The OPD training loop turning on a CPU: tiny models, real ALFWorld games, Vanilla OPD against ActFirst-OPD.
 
-    python bench/opd_loop_cpu.py [--updates 12] [--out runs/opd_loop_cpu] [--set overlap=true ...]
+    python bench/opd_loop_cpu.py [--updates 12] [--out runs/opd_loop_cpu] [--set pipeline=serial ...]
 
 Prepares (once, cached under --out) ALFWorld games generated offline, their planner references, a tiny student and
 a tiny teacher sharing the student's tokenizer, then runs the same training config with ``rollout.strategy=vanilla``

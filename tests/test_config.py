@@ -148,3 +148,32 @@ def test_a_run_saved_before_env_still_resumes():
     with pytest.raises(ConfigError, match=r"^resume: the config differs from the run's saved config: env.max_turns: "
                                           r"12 -> 13 \(only"):
         check_resumable(saved, json.loads(config_json(other)), "resume")
+
+
+def test_overlap_is_refused_with_the_rename(tmp_path):
+    """``overlap`` (replaced by ``pipeline``) is refused in a YAML and as an override, in one line naming the key and
+    what replaced it."""
+    path = tmp_path / "old.yaml"
+    path.write_text((CONFIGS / "demo" / "scienceworld_lifespan.yaml").read_text() + "overlap: false\n")
+    for where, overrides in ((path, []), (CONFIGS / "demo" / "scienceworld_lifespan.yaml", ["overlap=true"])):
+        with paths_unchecked(), pytest.raises(ConfigError) as err:
+            load_config(TrainConfig, where, overrides)
+        assert str(err.value).startswith("overlap: replaced by pipeline: serial | async | inflight")
+        assert "\n" not in str(err.value)
+    with paths_unchecked():
+        assert load_config(TrainConfig, CONFIGS / "demo" / "scienceworld_lifespan.yaml").pipeline == "async"
+
+
+@pytest.mark.parametrize("overlap, pipeline", [(False, "serial"), (True, "async")])
+def test_a_run_saved_with_overlap_resumes_as_its_pipeline(overlap, pipeline):
+    """A ``config.json`` written with ``overlap`` reads as the pipeline it ran (false: serial, true: async): that
+    pipeline resumes it, another is refused by name."""
+    with paths_unchecked():
+        cfg = load_config(TrainConfig, CONFIGS / "demo" / "scienceworld_lifespan.yaml", [f"pipeline={pipeline}"])
+        other = load_config(TrainConfig, CONFIGS / "demo" / "scienceworld_lifespan.yaml", ["pipeline=inflight"])
+    current = json.loads(config_json(cfg))
+    saved = {**{k: v for k, v in current.items() if k != "pipeline"}, "overlap": overlap}
+    check_resumable(saved, current, "resume")
+    with pytest.raises(ConfigError, match=rf"^resume: the config differs from the run's saved config: pipeline: "
+                                          rf"'{pipeline}' -> 'inflight' \(only"):
+        check_resumable(saved, json.loads(config_json(other)), "resume")

@@ -207,8 +207,11 @@ def test_bad_values_are_refused_by_name(override, named):
 def test_sleep_needs_an_engine_that_is_idle_during_the_update():
     from actfirst.preparation import load_run_config
 
-    with pytest.raises(ConfigError, match=r"student.sleep_level=2: needs overlap: false"):
-        load_run_config(None, ["student.sleep_level=2", "overlap=true"])
+    with pytest.raises(ConfigError, match=r"student.sleep_level=2: needs pipeline: serial, not inflight"):
+        load_run_config(None, ["student.sleep_level=2", "pipeline=inflight"])
+    with pytest.raises(ConfigError, match=r"student.sleep_level=1: needs pipeline: serial, not async"):
+        load_run_config(None, ["student.sleep_level=1"])  # the default pipeline
+    assert load_run_config(None, ["student.sleep_level=1", "pipeline=serial"]).student.sleep_level == 1
 
 
 @pytest.mark.parametrize("args,named", [

@@ -29,8 +29,9 @@ enters the buffer. ``uopd.selection: random`` is Sec. 5.3's ablation: every turn
 r_n, and no score is computed.
 
 The rate r_n falls linearly from ``uopd.rate[0]`` at the first update to ``uopd.rate[1]`` at the last; a rollout
-batch takes the rate of the update it is collected for (in the paper one rollout batch is one training step; with
-``overlap`` the batch collected during update u is for update u + 1), and an episode holds r_n with tau_n.
+batch takes the rate of the update it is collected for (in the paper one rollout batch is one training step; unless
+``pipeline: serial``, the batches collected during update u are for update u + 1), and an episode holds r_n with
+tau_n.
 
 A teacher response without an action (truncated, B.3, or ended without a complete action: Search's output with no
 closed ``<search>`` or ``<answer>``, which the environment would answer with its invalid-action reply) is neither

@@ -17,10 +17,12 @@ Each rank is one process with its own in-process vLLM engine, its environment wo
 the metrics reduction, the checkpoint and the evaluations (each rank plays its share of the episodes). Rank 0
 writes the metrics, evaluations, plots and the Hugging Face checkpoint.
 
-With ``overlap``, the next rollout batch is collected while scoring and the update run (in a thread; the engine
-keeps serving on the event loop), and the new weights enter the engine when that rollout batch ends, so nothing in
-flight is thrown away and the staleness rule bounds the lag to one version. With ``student.sleep_level`` the
-engine frees its GPU memory during scoring and the update instead.
+Scoring and the update run in a thread of their own (on the CPU with their own torch threads), so that the engine
+keeps serving on the event loop. With ``pipeline: async`` (the default) the next update's samples are collected
+during them, in rollout batches sized to what that update still lacks, and the new weights enter the engine when
+that collection ends: nothing in flight is thrown away, the staleness rule bounds the lag to one version, and the
+transitions per update stay those of ``serial`` (``actfirst.train.pipeline`` says how and why). With
+``student.sleep_level`` (``serial`` only) the engine frees its GPU memory during scoring and the update instead.
 
 Evaluations (C.1, C.4: think-then-act, the evaluation budget, seeds 42/43/44) run before the first update, every
 ``evaluation.every`` updates and after the last, on the training engines; their time is not training time.
@@ -38,6 +40,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import random
 import time
 from collections import deque
@@ -85,6 +88,7 @@ from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, RunClock, account
 from actfirst.train.head import LMHeadModel
 from actfirst.train.metrics import ALIGNMENT_WINDOW, MetricsSink, rollout_counts, rollout_rates, summary_line
 from actfirst.train.packing import attention_implementation
+from actfirst.train.pipeline import SampleYield, set_torch_threads, update_threads
 from actfirst.train.plots import WALL_CLOCK, plot_training_curve, read_records
 from actfirst.train.speedup import FIELDS as SPEEDUP_FIELDS
 from actfirst.train.speedup import EpisodeLatencies, batch_times, run_figures, speedups
@@ -178,6 +182,13 @@ class UpdateStats:
     batches: int = 0
     failures: list[str] = dataclasses.field(default_factory=list)
     overlapped: bool = False
+    """Whether rollouts were collected while this update scored and updated."""
+    ahead_s: float = 0.0
+    """How long the next update's collection ran (from the start of scoring and the update: ``_collect_ahead``)."""
+    wait_s: float = 0.0
+    """How long the weight sync waited for the collection in flight after the update had finished."""
+    staleness: int = 0
+    """The most versions any sample of this update's batch was behind the weights it updated (B.4: at most 1)."""
     generated: int = 0
     """Tokens the engine generated (kept or discarded); counters start negative and :meth:`close` adds the end."""
     discarded: int = 0
@@ -219,6 +230,8 @@ class Trainer:
         self.model_dir = str(self.checkpoint) if self.checkpoint is not None else cfg.student.model
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.buffer = SampleBuffer()
+        self.sample_yield = SampleYield()
+        """Samples per episode of the latest rollout batches: the size of the batches collected ahead."""
         self.stream = TaskStream(self.tasks, cfg.seed + ctx.rank)
         self.batch_tasks = share(cfg.rollout.batch_tasks, ctx.rank, ctx.world_size)
         self.quota = cfg.batch_samples // ctx.world_size
@@ -228,6 +241,7 @@ class Trainer:
         self.recent: deque[dict[str, float]] = deque(maxlen=ALIGNMENT_WINDOW)  # Appendix F's window, counts
         self.batch_index, self.first_update = 0, 1
         self.pending: asyncio.Future | None = None
+        """The next update's rollout collection, running while this update scores and updates."""
         self.engine: ActFirstEngine | None = None
         self.intervention: Intervention | None = None
         """UOPD's rule, with the teacher's own engine (``_build_intervention``)."""
@@ -310,6 +324,7 @@ class Trainer:
             self.stream.load_state_dict(state["tasks"], self.benchmark.task_key)
             self.probe_contexts, self.batch_index = state["probe_contexts"], state["batch_index"]
             self.recent.extend(state["recent"])
+            self.sample_yield.load_state_dict(state.get("sample_yield", []))  # none in an older checkpoint
             if self.intervention is not None:
                 self.intervention.load_state_dict(state["intervention"])
             restore_rng(state)
@@ -330,6 +345,7 @@ class Trainer:
         contexts = [c for state in rank_states for c in state["probe_contexts"]]
         self.probe_contexts = contexts[rank::world]
         self.batch_index = max(state["batch_index"] for state in rank_states)
+        self.sample_yield.load_state_dict([x for state in rank_states for x in state.get("sample_yield", [])])
         seed = (self.cfg.seed * 1_000_003 + rank * 7_919 + update) % (1 << 31)
         self.stream = TaskStream(self.tasks, seed)
         random.seed(seed)
@@ -434,40 +450,57 @@ class Trainer:
 
     async def collect_rollouts(self, stats: UpdateStats, update: int) -> list[Sample]:
         """Rollout batches until this rank's buffer holds its share of the update's batch (current or preceding
-        weight version); with ``overlap``, the next rollout batch starts before returning."""
+        weight version); then, unless the pipeline is serial or this is the last update, the next update's
+        collection starts (:meth:`_collect_ahead`)."""
         version = self.engine.weight_version
         if self.cfg.batch == "rollout":
-            return await self._collect_rollout_batch(stats, update, version)
-        while self.buffer.num_eligible(version) < self.quota:
-            batch, self.pending = await (self.pending or self._start_batch(update)), None
-            self._finish_batch(batch, stats)
-        samples = self.buffer.take(self.quota, version)
-        if self.cfg.overlap and self.buffer.num_eligible(version + 1) < self.quota:
-            self.pending, stats.overlapped = self._start_batch(update + 1), True  # collected while the update runs
+            samples = await self._collect_rollout_batch(stats, update, version)
+        else:
+            while (need := self.quota - self.buffer.num_eligible(version)) > 0:
+                tasks = self.batch_tasks if self.cfg.pipeline == "serial" else self._tasks_for(need)
+                self._finish_batch(await self._run_batch(update, tasks), stats)
+            samples = self.buffer.take(self.quota, version)
+        stats.staleness = version - min(s.weight_version for s in samples)
+        if self.cfg.pipeline != "serial" and update < self.cfg.num_updates:  # nothing after the last
+            self.pending = asyncio.ensure_future(self._collect_ahead(stats, update + 1, version))
         return samples
 
     async def _collect_rollout_batch(self, stats: UpdateStats, update: int, version: int) -> list[Sample]:
         """``batch: rollout`` (003's step): every sample of one rollout batch, the one collected during the last
-        update with ``overlap`` (then the next starts now); a batch without a sample (every episode failed) is
-        followed by another."""
+        update unless the pipeline is serial; a batch without a sample (every episode failed) is followed by
+        another."""
         while not self.buffer.num_eligible(version):
-            batch, self.pending = await (self.pending or self._start_batch(update)), None
-            self._finish_batch(batch, stats)
-        samples = self.buffer.take(self.buffer.num_eligible(version), version)
-        if self.cfg.overlap:
-            self.pending, stats.overlapped = self._start_batch(update + 1), True
-        return samples
+            self._finish_batch(await self._run_batch(update, self.batch_tasks), stats)
+        return self.buffer.take(self.buffer.num_eligible(version), version)
 
-    def _start_batch(self, update: int) -> asyncio.Future:
-        """The next rollout batch, collected for ``update`` (UOPD's r_n is that update's)."""
+    async def _collect_ahead(self, stats: UpdateStats, update: int, version: int) -> None:
+        """The samples of ``update`` (the next), collected while this one scores and updates under weight version
+        ``version``: with ``batch: turns``, rollout batches sized to what it still lacks until the buffer holds its
+        share (see ``actfirst.train.pipeline``); with ``batch: rollout``, its one rollout batch."""
+        before = stats.batches
+        t0 = time.perf_counter()
+        if self.cfg.batch == "rollout":
+            self._finish_batch(await self._run_batch(update, self.batch_tasks), stats)
+        while self.cfg.batch == "turns" and (need := self.quota - self.buffer.num_eligible(version + 1)) > 0:
+            self._finish_batch(await self._run_batch(update, self._tasks_for(need)), stats)
+        stats.overlapped, stats.ahead_s = stats.batches > before, time.perf_counter() - t0
+
+    def _tasks_for(self, need: int) -> int:
+        """The tasks of a rollout batch expected to give ``need`` more samples (at most ``rollout.batch_tasks``)."""
+        return self.sample_yield.tasks_for(need, self.batch_tasks)
+
+    async def _run_batch(self, update: int, tasks: int) -> RolloutBatch:
+        """A rollout batch of the stream's next ``tasks`` tasks, collected for ``update`` (UOPD's r_n is that
+        update's)."""
         if self.intervention is not None:
             self.intervention.update = update - 1
         self.batch_index += 1
         self.clock.open_window()
-        return asyncio.ensure_future(self.runner.run_batch(self.stream.next(self.batch_tasks), self.batch_index))
+        return await self.runner.run_batch(self.stream.next(tasks), self.batch_index)
 
     def _finish_batch(self, batch: RolloutBatch, stats: UpdateStats) -> None:
         self.buffer.add(batch.samples)
+        self.sample_yield.add(len(batch.episodes), len(batch.samples))
         self.recent.append(rollout_counts(batch.episodes))
         stats.rollout_s += batch.wall_s
         stats.transitions += batch.num_transitions
@@ -487,31 +520,40 @@ class Trainer:
     # -- 2-3. teacher scoring and the update ------------------------------------------------------------------------
 
     async def score_and_update(self, samples: list[Sample]) -> dict[str, float]:
-        """The teacher scores the batch, the student takes its steps (every rank together); with ``overlap`` in a
-        thread while the event loop keeps serving the rollout batch in flight."""
+        """The teacher scores the batch, the student takes its steps (every rank together), in a thread of their
+        own while the event loop keeps serving the rollouts in flight; on the CPU with their own torch threads
+        (``parallel.cpu_update_threads``; ``actfirst.train.pipeline``)."""
         if self.cfg.student.sleep_level:
             self.engine.sleep()
+        engine_threads = torch.get_num_threads()  # read in the event loop's thread: the engine's
+        threads = None
+        if self.ctx.device.type == "cpu":
+            threads = update_threads(self.cfg.parallel.cpu_update_threads, engine_threads=engine_threads,
+                                     ranks_here=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
         def work() -> dict[str, Any]:
             if self.ctx.device.type == "cuda":  # the current CUDA device is per thread
                 torch.cuda.set_device(self.ctx.device)
+            used = set_torch_threads(threads) if threads is not None else torch.get_num_threads()
             t0 = time.perf_counter()
             self.teacher.score(samples)
             t1 = time.perf_counter()
             metrics = self.updater.update(samples, self.engine.weight_version)
-            return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1, **kernel_paths()}
+            return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1, **kernel_paths(),
+                    "cpu/engine_threads": engine_threads, "cpu/update_threads": used}
 
-        return await asyncio.to_thread(work) if self.cfg.overlap else work()
+        return await asyncio.to_thread(work)
 
     # -- 4. weight sync ---------------------------------------------------------------------------------------------
 
     async def sync_weights(self, metrics: dict[str, float], stats: UpdateStats) -> int:
-        """The new weights into this rank's engine (with overlap: once the rollout batch in flight has ended). When
-        every step was skipped (a non-finite loss or gradient) the weights did not change and stay, unless the
-        engine slept (then they are reloaded: its memory held none)."""
+        """The new weights into this rank's engine, once the next update's collection in flight has ended (the
+        wait for it: ``stats.wait_s``). When every step was skipped (a non-finite loss or gradient) the weights did
+        not change and stay, unless the engine slept (then they are reloaded: its memory held none)."""
         if self.pending is not None:
-            batch, self.pending = await self.pending, None
-            self._finish_batch(batch, stats)
+            t0 = time.perf_counter()
+            await self.pending
+            self.pending, stats.wait_s = None, time.perf_counter() - t0
         t0 = time.perf_counter()
         if metrics["skipped"] >= self.cfg.num_minibatches and not self.engine.asleep:
             if self.ctx.lead:
@@ -572,7 +614,7 @@ class Trainer:
                            *[window[k] for k in keys]])  # one collective for every count of the update
         transitions, batches, generated, discarded, buffered, dropped, early = (int(x) for x in sums[:7])
         times = dict(zip(SPEEDUP_FIELDS, sums[7:7 + len(SPEEDUP_FIELDS)]))
-        slowest = reduce_max([stats.rollout_s, stats.wall_s])
+        slowest = reduce_max([stats.rollout_s, stats.wall_s, stats.wait_s, stats.staleness, stats.ahead_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
                                        "failures": stats.failures, "records": stats.records,
                                        "interventions": stats.interventions, "batch_n": self.batch_index - 1})
@@ -586,7 +628,9 @@ class Trainer:
             **{f"speedup/{k}": v for k, v in speedups(times).items()},
             **{f"speedup/run_{k}": v for k, v in speedups(self.clock.rollout_times).items()},
             "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,
-            "overlapped": stats.overlapped, "update_wall_s": slowest[1], "elapsed_s": self.clock.elapsed(),
+            "pipeline": self.cfg.pipeline, "pipeline/overlapped": stats.overlapped, "pipeline/wait_s": slowest[2],
+            "pipeline/max_staleness": int(slowest[3]), "pipeline/ahead_s": slowest[4], "update_wall_s": slowest[1],
+            "elapsed_s": self.clock.elapsed(),
             "env_steps_per_s": transitions / slowest[1] if slowest[1] > 0 else math.nan,
             "transitions": transitions, "total_transitions": self.clock.total_transitions,
             "failed_episodes": len(failures), "failures": failures,
@@ -623,7 +667,7 @@ class Trainer:
         rank_state = {
             "buffer": self.buffer.state_dict(), "tasks": self.stream.state_dict(self.benchmark.task_key),
             "probe_contexts": self.probe_contexts, "batch_index": self.batch_index, "recent": list(self.recent),
-            "rng": rng_state()}
+            "sample_yield": self.sample_yield.state_dict(), "rng": rng_state()}
         if self.intervention is not None:
             rank_state["intervention"] = self.intervention.state_dict()
         save_training_checkpoint(self.out_dir, update=update, keep=cfg.keep_checkpoints, ctx=self.ctx,

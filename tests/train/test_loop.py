@@ -156,28 +156,58 @@ def test_bad_config_is_named(run_config, tmp_path):
     assert proc.returncode == 2 and "rollout.strategy='actfrist'" in proc.stderr
 
 
-def test_a_step_trains_on_one_rollout_batch(run_config, tmp_path):
+@pytest.mark.parametrize("pipeline", ["serial", "async"])
+def test_a_step_trains_on_one_rollout_batch(run_config, tmp_path, pipeline):
     """003's step (``batch: rollout``, with its token-mean loss): every update trains on every sample of exactly one
-    rollout batch (Vanilla: one full response per transition), nothing stays buffered or is dropped, and the
-    rollout-batch counter n advances once per step."""
+    rollout batch (Vanilla: one full response per transition), nothing is dropped, and the rollout-batch counter n
+    advances once per step. Serial: each update collects its own batch under its weights;
+    async: the batch of update u + 1 is collected during update u (one version behind), none after the last."""
     config, _ = run_config
     train_cli(config, "batch=rollout", "loss.aggregation=token_mean", "rollout.strategy=vanilla", "references=null",
-              "num_updates=3", f"out_dir={tmp_path / 'rollout'}")
+              "num_updates=3", f"pipeline={pipeline}", f"out_dir={tmp_path / 'rollout'}")
     rows = read_metrics(tmp_path / "rollout")
     print([(r["update"], r["rollout_batches"], r["transitions"], r["num_samples"]) for r in rows])
-    assert [r["rollout/batch_n"] for r in rows] == [0, 1, 2] and all(r["rollout_batches"] == 1 for r in rows)
-    assert all(r["num_samples"] == r["transitions"] > 0 for r in rows)
-    assert all(r["buffer/size"] == 0 and r["buffer/dropped"] == 0 for r in rows)
-    assert all(r["version_lag_mean"] == 0 for r in rows) and [r["weight_version"] for r in rows] == [1, 2, 3]
-
-
-def test_overlap_keeps_the_staleness_rule(run_config, tmp_path):
-    """Rollouts collected while the update runs (in a thread): every consumed sample is of the current or the
-    immediately preceding weight version, and weight updates between rollout batches throw nothing away."""
-    config, _ = run_config
-    train_cli(config, "overlap=true", "num_updates=3", f"out_dir={tmp_path / 'overlap'}")
-    rows = read_metrics(tmp_path / "overlap")
+    assert all(r["buffer/dropped"] == 0 for r in rows) and rows[-1]["buffer/size"] == 0
     assert [r["weight_version"] for r in rows] == [1, 2, 3]
-    assert all(0 <= r["version_lag_mean"] <= 1 for r in rows)
-    assert all(r["discarded_tokens"] == 0 and r["skipped"] == 0 for r in rows)
-    assert rows[0]["mismatch_mean"] < 1e-4
+    if pipeline == "serial":
+        assert [r["rollout/batch_n"] for r in rows] == [0, 1, 2] and all(r["rollout_batches"] == 1 for r in rows)
+        assert all(r["num_samples"] == r["transitions"] > 0 for r in rows)
+        assert all(r["version_lag_mean"] == 0 and r["buffer/size"] == 0 for r in rows)
+    else:  # the buffer holds the next step's batch when an update ends
+        assert [r["buffer/size"] for r in rows[:-1]] == [r["num_samples"] for r in rows[1:]]
+        assert [r["rollout/batch_n"] for r in rows] == [1, 2, 2] and [r["rollout_batches"] for r in rows] == [2, 1, 0]
+        assert sum(r["num_samples"] for r in rows) == sum(r["transitions"] for r in rows)  # none collected in vain
+        assert [r["pipeline/max_staleness"] for r in rows] == [0, 1, 1]
+        assert rows[0]["version_lag_mean"] == 0 and all(r["version_lag_mean"] == 1 for r in rows[1:])
+
+
+def test_async_keeps_the_staleness_bound_and_the_transitions_of_serial(run_config, tmp_path):
+    """``pipeline: async`` (the default) against ``serial``, same seeds, Vanilla OPD: every consumed sample is at most
+    one weight version behind, the next update's rollouts are collected during the update, and the transitions per
+    update are not inflated (the collection ahead is sized to what the next update lacks: over the run it gives at
+    most under one episode per update more than serial; a collection of whole rollout batches, the old ``overlap``,
+    doubled them here). Scoring and the update run on their own torch threads, the cores the engine does not use."""
+    config, _ = run_config
+    cfg = yaml.safe_load(config.read_text())
+    updates, max_turns = 4, cfg["env"]["max_turns"]
+    rows = {}
+    for pipeline in ("serial", "async"):
+        train_cli(config, f"pipeline={pipeline}", "rollout.strategy=vanilla", "references=null",
+                  f"num_updates={updates}", "probe_contexts=0", f"out_dir={tmp_path / pipeline}")
+        rows[pipeline] = read_metrics(tmp_path / pipeline)
+    print({p: [(r["transitions"], r["rollout_batches"], r["buffer/dropped"], r["pipeline/overlapped"]) for r in rows[p]]
+           for p in rows})
+    cores = len(os.sched_getaffinity(0))
+    for pipeline, series in rows.items():
+        assert [r["weight_version"] for r in series] == list(range(1, updates + 1))
+        assert all(r["pipeline"] == pipeline for r in series)
+        assert all(r["pipeline/max_staleness"] <= 1 and r["version_lag_mean"] <= 1 for r in series)
+        assert all(r["discarded_tokens"] == 0 and r["skipped"] == 0 for r in series)
+        assert all(r["num_samples"] == cfg["batch_samples"] for r in series)
+        assert all(r["cpu/engine_threads"] == 1 for r in series)  # OMP_NUM_THREADS=1 (train_cli)
+        assert all(r["cpu/update_threads"] == max(1, cores - 1) for r in series)  # the cores the engine does not use
+    assert not any(r["pipeline/overlapped"] for r in rows["serial"])
+    assert any(r["pipeline/overlapped"] for r in rows["async"]) and not rows["async"][-1]["pipeline/overlapped"]
+    assert all(r["pipeline/ahead_s"] >= r["pipeline/wait_s"] for r in rows["async"])  # the wait is for it
+    serial, overlapped = (sum(r["transitions"] for r in rows[p]) for p in ("serial", "async"))
+    assert overlapped <= serial + (updates - 1) * (max_turns - 1), (serial, overlapped)

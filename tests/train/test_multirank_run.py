@@ -143,9 +143,9 @@ def _in_group(process: psutil.Process, pgid: int) -> bool:
 
 
 def test_two_torchrun_agents_as_two_nodes(base, tmp_path):
-    """Also the paths a node run may take that the other tests do not: rollouts overlapping the update (in a thread),
+    """Also the paths a node run may take that the other tests do not: rollouts collected during the update (async),
     and a teacher sharded over the ranks."""
-    config, out_dir = write_config(base, tmp_path, num_updates=2, overlap=True,
+    config, out_dir = write_config(base, tmp_path, num_updates=2, pipeline="async",
                                    parallel={"teacher": "shard", "compute_dtype": "float32"})
     endpoint = f"127.0.0.1:{free_port()}"
     agents = [subprocess.Popen(
@@ -159,4 +159,4 @@ def test_two_torchrun_agents_as_two_nodes(base, tmp_path):
     series = rows(out_dir)
     assert [r["update"] for r in series] == [1, 2] and {r["world_size"] for r in series} == {2}
     assert all(r["sync/engine_tokens_agree"] == 1 and r["sync/engine_logprob_spread"] <= 1e-6 for r in series)
-    assert all(0 <= r["version_lag_mean"] <= 1 for r in series) and series[0]["overlapped"]
+    assert all(0 <= r["version_lag_mean"] <= 1 for r in series) and series[0]["pipeline/overlapped"]
