@@ -513,6 +513,9 @@ class TrainConfig:
     """Tokens per forward/backward pass (gradient accumulation over micro-batches)."""
     overlap: bool = False
     """Collect the next rollout batch while the update runs (weights enter the engine between rollout batches)."""
+    pipeline: Literal["serial", "async", "inflight"] = "async"
+    """``inflight``: the new weights enter the engine as soon as the update ends, between two engine steps, while
+    the requests in flight continue (``ActFirstEngine.update_weights(..., keep_in_flight=True)``)."""
     probe_contexts: int = 8
     """Fixed contexts on which the teacher-minus-student gap is tracked (0: off)."""
     probe_every: int = 1

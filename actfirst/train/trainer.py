@@ -505,10 +505,12 @@ class Trainer:
     # -- 4. weight sync ---------------------------------------------------------------------------------------------
 
     async def sync_weights(self, metrics: dict[str, float], stats: UpdateStats) -> int:
-        """The new weights into this rank's engine (with overlap: once the rollout batch in flight has ended). When
-        every step was skipped (a non-finite loss or gradient) the weights did not change and stay, unless the
-        engine slept (then they are reloaded: its memory held none)."""
-        if self.pending is not None:
+        """The new weights into this rank's engine (with overlap: once the rollout batch in flight has ended; with
+        ``pipeline: inflight``: at once, between two engine steps, the requests in flight continuing under them and
+        keeping their tokens). When every step was skipped (a non-finite loss or gradient) the weights did not change
+        and stay, unless the engine slept (then they are reloaded: its memory held none)."""
+        inflight = self.cfg.pipeline == "inflight"
+        if self.pending is not None and not inflight:
             batch, self.pending = await self.pending, None
             self._finish_batch(batch, stats)
         t0 = time.perf_counter()
@@ -518,7 +520,7 @@ class Trainer:
             return self.engine.weight_version
         version = self.engine.update_weights(gathered_parameters(
             self.policy.model, dtype=_DTYPES[self.cfg.student.dtype],
-            bucket_bytes=self.cfg.parallel.sync_bucket_mb << 20))
+            bucket_bytes=self.cfg.parallel.sync_bucket_mb << 20), keep_in_flight=inflight)
         metrics["sync_s"] = time.perf_counter() - t0
         return version
 

@@ -168,11 +168,13 @@ def test_a_step_trains_on_one_rollout_batch(run_config, tmp_path):
     assert all(r["version_lag_mean"] == 0 for r in rows) and [r["weight_version"] for r in rows] == [1, 2, 3]
 
 
-def test_overlap_keeps_the_staleness_rule(run_config, tmp_path):
+@pytest.mark.parametrize("pipeline", ["async", "inflight"])
+def test_overlap_keeps_the_staleness_rule(run_config, tmp_path, pipeline):
     """Rollouts collected while the update runs (in a thread): every consumed sample is of the current or the
-    immediately preceding weight version, and weight updates between rollout batches throw nothing away."""
+    immediately preceding weight version (by its oldest token with ``inflight``, whose weights enter the engine
+    while requests are in flight), and weight updates throw nothing away."""
     config, _ = run_config
-    train_cli(config, "overlap=true", "num_updates=3", f"out_dir={tmp_path / 'overlap'}")
+    train_cli(config, "overlap=true", f"pipeline={pipeline}", "num_updates=3", f"out_dir={tmp_path / 'overlap'}")
     rows = read_metrics(tmp_path / "overlap")
     assert [r["weight_version"] for r in rows] == [1, 2, 3]
     assert all(0 <= r["version_lag_mean"] <= 1 for r in rows)
