@@ -441,7 +441,8 @@ class Trainer:
             batch, self.pending = await (self.pending or self._start_batch(update)), None
             self._finish_batch(batch, stats)
         samples = self.buffer.take(self.quota, version)
-        if self.cfg.overlap and self.buffer.num_eligible(version + 1) < self.quota:
+        # with pipeline: inflight the batch started during the last update may still run: never start a second one
+        if self.cfg.overlap and self.pending is None and self.buffer.num_eligible(version + 1) < self.quota:
             self.pending, stats.overlapped = self._start_batch(update + 1), True  # collected while the update runs
         return samples
 
