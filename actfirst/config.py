@@ -548,7 +548,8 @@ class TrainConfig:
     sync. ``async``: the next update's rollout batch, sized to what it still needs, is collected while the teacher
     scores and the student updates; the new weights enter the engine when that batch ends (B.4's bound: every sample
     at most one version behind). ``inflight``: as ``async``, but the weights enter the engine between its steps while
-    requests continue (each token carries its version)."""
+    requests continue (each token carries its version;
+    ``ActFirstEngine.update_weights(..., keep_in_flight=True)``)."""
     probe_contexts: int = 8
     """Fixed contexts on which the teacher-minus-student gap is tracked (0: off)."""
     probe_every: int = 1

@@ -26,7 +26,7 @@ class Sample:
     loss_mask: list[int]
     logprobs: list[float]
     weight_version: int
-    """The oldest weight version that generated any of its tokens (what the staleness rule reads)."""
+    """The oldest weight version that generated any of its tokens (what the staleness rule of B.4 reads)."""
     task: str
     turn: int
     """0-based turn of the context in its episode."""
@@ -37,12 +37,20 @@ class Sample:
     """0: an OPD sample (the student's own response, Eq. 29-32). > 0: an SFT target (UOPD's teacher response at an
     intervened turn, 003 Sec. 4.2) whose sampled tokens' negative log-likelihood enters the loss with this weight
     (beta), token-mean per sample like Eq. 32; its ``logprobs`` are the teacher's and go unused."""
+    token_versions: list[int] = dataclasses.field(default_factory=list)
+    """The weight version that generated each response token (an inserted token: that of the token before it),
+    several when a ``keep_in_flight`` weight update fell inside the response; its minimum is ``weight_version``.
+    Empty: every token is of ``weight_version`` (samples no engine generated: SFT data, UOPD's SFT targets)."""
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
         if not (len(self.loss_mask) == len(self.logprobs) == n):
             raise ValueError(f"response_ids ({n}), loss_mask ({len(self.loss_mask)}) and logprobs "
                              f"({len(self.logprobs)}) must have one entry per response token")
+        if self.token_versions and (len(self.token_versions) != n or min(self.token_versions) != self.weight_version):
+            raise ValueError(f"token_versions ({len(self.token_versions)} entries, oldest "
+                             f"{min(self.token_versions)}) must have one entry per response token ({n}) and its "
+                             f"oldest must be weight_version={self.weight_version}")
         if not self.context_ids:
             raise ValueError("context_ids=[]: a sample needs its context")
         if not (self.sft_weight >= 0 and math.isfinite(self.sft_weight)):

@@ -9,11 +9,23 @@ Callers ``await engine.generate(...)``; one loop task runs schedule -> execute -
 Between steps the loop yields to the event loop, so a caller whose fast action just finished can submit its
 next turn before the next step: full responses never block the environment.
 
-Weight updates (``update_weights``) happen between steps. Requests in flight at that moment are aborted in
-vLLM and requeued at the front of their queues with their partial outputs dropped: they restart under the new
-weights, so every result's tokens, log-probs and ``weight_version`` come from a single weight version (the
-loss's log pi_old must name one policy, Appendix B.4). The cost is the work they had done, bounded by one
-request's length per slot.
+Weight updates (``update_weights``) happen between steps, in one of two ways:
+
+- by default, requests in flight at that moment are aborted in vLLM and requeued at the front of their queues with
+  their partial outputs dropped: they restart under the new weights, so every result's tokens and log-probs come
+  from a single weight version. The cost is the work they had done (``num_discarded_tokens``), bounded by one
+  request's length per slot;
+- with ``keep_in_flight`` (``pipeline: inflight``), requests continue: every token they generated stays, the
+  tokens after the load come from the new weights (``num_carried_tokens`` counts the tokens kept). Their KV cache,
+  computed under the old weights, stays in use for them. Each token carries the version that produced it
+  (``GenerationResult.token_versions``), and its log-prob is that of the distribution it was sampled from, whichever
+  version that was: log pi_old (Eq. 29-30).
+
+No request that enters vLLM after an update may reuse a prefix computed under older weights. vLLM refuses to reset
+its prefix cache while requests hold KV blocks, so instead every request enters vLLM with a cache salt naming the
+weight version at that moment (vLLM mixes it into the hash of the first block, hence of every block after it): a
+request that enters later can only hit blocks computed by requests that entered under the same version. A request
+resumed after a preemption enters again, with the current version's salt, and recomputes its KV.
 """
 
 from __future__ import annotations
@@ -83,6 +95,8 @@ class ActFirstEngine:
         """Tokens vLLM generated, kept or not (a requeue at a weight update discards some)."""
         self.num_discarded_tokens = 0
         """Generated tokens thrown away by ``update_weights`` (their requests restart under the new weights)."""
+        self.num_carried_tokens = 0
+        """Generated tokens of requests in flight at a ``keep_in_flight`` update, kept across it."""
         self.peak_in_flight = 0
         """Most requests vLLM held at once (never above b_max: vLLM sees only admitted requests)."""
         self._requests: dict[str, Request] = {}  # unfinished, by engine request id
@@ -158,26 +172,33 @@ class ActFirstEngine:
         self.vllm.sleep()
         self.asleep = True
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *,
+                       keep_in_flight: bool = False) -> int:
         """Put new student weights into the running engine; returns the new weight version.
 
-        Requests in flight are requeued and restart under the new weights (see the module docstring); the
-        prefix cache is reset so that no KV computed under old weights is reused. A sleeping engine gets its weight
-        memory back first and its KV cache after the load (so both never coexist with the gathered weights).
+        By default requests in flight are requeued and restart under the new weights, and the prefix cache is reset
+        (nothing holds a block then). With ``keep_in_flight`` they continue, keeping their tokens (see the module
+        docstring); the prefix cache is not reset (vLLM refuses while blocks are held) and the cache salt keeps new
+        requests off the old blocks. A sleeping engine gets its weight memory back first and its KV cache after the
+        load (so both never coexist with the gathered weights).
         """
-        self.num_discarded_tokens += sum(r.num_generated for r in self.scheduler.running.values())
-        self.num_discarded_tokens += sum(r.num_generated for r in self.scheduler.waiting)  # paused by preemption
-        requeued = self.scheduler.requeue_all()
-        self.vllm.abort(r.engine_request_id for r in requeued)
-        for request in requeued:
-            self._requests.pop(request.engine_request_id, None)
+        in_flight = [*self.scheduler.running.values(), *self.scheduler.waiting]  # waiting: paused by preemption too
+        if keep_in_flight:
+            self.num_carried_tokens += sum(r.num_generated for r in in_flight)
+        else:
+            self.num_discarded_tokens += sum(r.num_generated for r in in_flight)
+            requeued = self.scheduler.requeue_all()
+            self.vllm.abort(r.engine_request_id for r in requeued)
+            for request in requeued:
+                self._requests.pop(request.engine_request_id, None)
         if self.asleep:
             self.vllm.wake_up(["weights"])
         self.vllm.load_weights(named_tensors)
         if self.asleep:
             self.vllm.wake_up(["kv_cache"])
             self.asleep = False
-        self.vllm.reset_prefix_cache()
+        if not keep_in_flight:
+            self.vllm.reset_prefix_cache()
         self.weight_version += 1
         self._wakeup.set()
         return self.weight_version
@@ -231,11 +252,10 @@ class ActFirstEngine:
         for request in sched.preempted:
             self._requests.pop(request.engine_request_id, None)
         for request in sched.admitted:
-            if request.num_generated == 0:
-                request.weight_version = self.weight_version
             self._requests[request.engine_request_id] = request
             self.vllm.add(request.engine_request_id, request.prompt_token_ids + request.output_token_ids,
-                          request.sampling, num_generated=request.num_generated)
+                          request.sampling, num_generated=request.num_generated,
+                          cache_salt=f"weights-v{self.weight_version}")
         if not self.scheduler.running:
             return
         self.peak_in_flight = max(self.peak_in_flight, self.vllm.num_unfinished())
@@ -250,6 +270,7 @@ class ActFirstEngine:
             request.output_token_ids += out.new_token_ids
             self.num_generated_tokens += len(out.new_token_ids)
             request.output_logprobs += out.new_logprobs
+            request.output_versions += [self.weight_version] * len(out.new_token_ids)
             stopped = request.num_preemptions > 0 and self._stop_across_resume(request)
             if stopped:
                 self.vllm.abort([request.engine_request_id])
@@ -277,7 +298,8 @@ class ActFirstEngine:
         result = GenerationResult(
             request_id=request.request_id, kind=request.kind, token_ids=list(request.output_token_ids), text=text,
             logprobs=list(request.output_logprobs), finish_reason=FINISH_REASONS[status],
-            weight_version=request.weight_version, queue_wait_s=request.queue_wait_s, latency_s=latency,
+            weight_version=request.output_versions[0] if request.output_versions else self.weight_version,
+            token_versions=list(request.output_versions), queue_wait_s=request.queue_wait_s, latency_s=latency,
             num_preemptions=request.num_preemptions)
         self.records.append(RequestRecord(request.request_id, request.kind, request.arrival_seq,
                                           list(request.admit_seqs), request.queue_wait_s, latency,

@@ -80,8 +80,9 @@ class VLLMEngine:
         self.tied_head = bool(self.llm.llm_engine.model_config.hf_config.get_text_config().tie_word_embeddings)
 
     def add(self, engine_request_id: str, prompt_token_ids: list[int], spec: SamplingSpec, *,
-            num_generated: int = 0) -> None:
-        """Submit a request; ``num_generated`` tokens of its output are already at the end of the prompt."""
+            num_generated: int = 0, cache_salt: str) -> None:
+        """Submit a request; ``num_generated`` tokens of its output are already at the end of the prompt. Its
+        prefix-cache blocks are hashed with ``cache_salt``: it reuses only blocks of requests with the same salt."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -98,7 +99,8 @@ class VLLMEngine:
             detokenize=bool(spec.stop),  # vLLM needs text only to find stop strings
             output_kind=RequestOutputKind.DELTA,
         )
-        self.engine.add_request(engine_request_id, {"prompt_token_ids": prompt_token_ids}, params)
+        self.engine.add_request(engine_request_id, {"prompt_token_ids": prompt_token_ids, "cache_salt": cache_salt},
+                                params)
 
     def step(self) -> list[StepOutput]:
         """Run one engine step (a batch of prefill chunks and decodes) and return the new tokens."""

@@ -77,7 +77,11 @@ class GenerationResult:
     logprobs: list[float]
     finish_reason: str
     weight_version: int
-    """Version of the weights that generated every token (see ``ActFirstEngine.update_weights``)."""
+    """Version of the weights that generated the first token (the engine's version when no token was generated).
+    Without ``keep_in_flight`` weight updates every token has it (see ``ActFirstEngine.update_weights``)."""
+    token_versions: list[int]
+    """``token_versions[i]``: the version of the weights that generated ``token_ids[i]`` (non-decreasing; two or
+    more versions only when a ``keep_in_flight`` update fell inside the request)."""
     queue_wait_s: float
     """Time spent waiting for admission: before the first, and while paused by preemption or requeued by a weight
     update."""
@@ -104,7 +108,8 @@ class Request:
         self.status = RequestStatus.WAITING
         self.output_token_ids: list[int] = []
         self.output_logprobs: list[float] = []
-        self.weight_version = -1
+        self.output_versions: list[int] = []
+        """The weight version that generated each output token."""
         self.num_preemptions = 0
         self.attempt = 0
         """Bumped each time the request is (re)submitted to vLLM, which needs fresh request ids."""
@@ -129,6 +134,7 @@ class Request:
         """Drop generated tokens (they came from weights that are no longer current)."""
         self.output_token_ids.clear()
         self.output_logprobs.clear()
+        self.output_versions.clear()
 
     def __repr__(self) -> str:
         return f"Request({self.request_id!r}, {self.kind.name}, {self.status.name}, {self.num_generated} tokens)"

@@ -51,7 +51,9 @@ class FullResponse:
     truncated: bool
     """Ended at a length limit without a closed action field (B.3)."""
     weight_version: int
-    """The oldest weight version of its requests (a weight update can fall between the two requests)."""
+    """The oldest weight version of its tokens (a weight update can fall between or inside its requests)."""
+    token_versions: list[int]
+    """The weight version that generated each token; an inserted token has that of the token before it."""
     num_requests: int
     num_inserted: int
     queue_wait_s: float
@@ -62,8 +64,8 @@ class FullResponse:
     def to_sample(self, context_ids: list[int], *, task: str, turn: int, strategy: str) -> Sample:
         """The turn-level training sample of this response at context ``context_ids`` (its prompt, B.4)."""
         return Sample(context_ids=list(context_ids), response_ids=list(self.token_ids), loss_mask=list(self.loss_mask),
-                      logprobs=list(self.logprobs), weight_version=self.weight_version, task=task, turn=turn,
-                      strategy=strategy)
+                      logprobs=list(self.logprobs), weight_version=self.weight_version,
+                      token_versions=list(self.token_versions), task=task, turn=turn, strategy=strategy)
 
 
 async def generate_full_response(engine: ActFirstEngine, tokenizer: PreTrainedTokenizerBase, prompt_ids: list[int],
@@ -89,6 +91,7 @@ async def generate_full_response(engine: ActFirstEngine, tokenizer: PreTrainedTo
     first = await request(prompt_ids, first_stage, 0)
     results = [first]
     token_ids, loss_mask, logprobs = list(first.token_ids), [1] * len(first.token_ids), list(first.logprobs)
+    versions = list(first.token_versions)
     num_inserted = 0
     if first.finish_reason == "length" and not response_format.has_action(first.text):
         inserted = tokenizer.encode(response_format.early_stop_text(first.text), add_special_tokens=False)
@@ -99,15 +102,18 @@ async def generate_full_response(engine: ActFirstEngine, tokenizer: PreTrainedTo
             token_ids += inserted
             loss_mask += [0] * num_inserted
             logprobs += [0.0] * num_inserted
+            versions += [versions[-1] if versions else first.weight_version] * num_inserted
             second = await request(list(prompt_ids) + token_ids, budget, len(token_ids))
             results.append(second)
             token_ids += second.token_ids
             loss_mask += [1] * len(second.token_ids)
             logprobs += second.logprobs
+            versions += second.token_versions
     text = tokenizer.decode(token_ids, skip_special_tokens=True)
     truncated = results[-1].finish_reason == "length" and not response_format.has_action(text)
     return FullResponse(token_ids=token_ids, loss_mask=loss_mask, logprobs=logprobs, text=text,
                         action=response_format.extract_action(text, truncated=truncated), truncated=truncated,
-                        weight_version=min(r.weight_version for r in results), num_requests=len(results),
+                        weight_version=min(versions, default=first.weight_version), token_versions=versions,
+                        num_requests=len(results),
                         num_inserted=num_inserted, queue_wait_s=sum(r.queue_wait_s for r in results),
                         latency_s=sum(r.latency_s for r in results))

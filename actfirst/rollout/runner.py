@@ -417,6 +417,7 @@ def episode_samples(episode: EpisodeResult, strategy: str, *, sft_weight: float 
             samples.append(sample)
         if teacher is not None and sft_weight > 0:
             target = teacher.to_sample(context, task=episode.task, turn=t, strategy=strategy)
-            target.weight_version, target.sft_weight = response.weight_version, sft_weight
+            # the teacher's tokens, staled with the proposal they replaced
+            target.weight_version, target.token_versions, target.sft_weight = response.weight_version, [], sft_weight
             samples.append(target)
     return samples

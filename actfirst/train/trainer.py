@@ -192,6 +192,8 @@ class UpdateStats:
     generated: int = 0
     """Tokens the engine generated (kept or discarded); counters start negative and :meth:`close` adds the end."""
     discarded: int = 0
+    carried: int = 0
+    """Tokens of requests in flight when ``pipeline: inflight`` loaded new weights, kept (the engine's count)."""
     dropped: int = 0
     """Samples the staleness rule dropped."""
     wall_s: float = 0.0
@@ -208,6 +210,7 @@ class UpdateStats:
         """Take the counters' ends and the request records (the engine's list starts afresh)."""
         self.generated += engine.num_generated_tokens
         self.discarded += engine.num_discarded_tokens
+        self.carried += engine.num_carried_tokens
         self.dropped += buffer.num_dropped
         self.wall_s = wall_s
         self.records, engine.records = engine.records, []
@@ -241,7 +244,9 @@ class Trainer:
         self.recent: deque[dict[str, float]] = deque(maxlen=ALIGNMENT_WINDOW)  # Appendix F's window, counts
         self.batch_index, self.first_update = 0, 1
         self.pending: asyncio.Future | None = None
-        """The next update's rollout collection, running while this update scores and updates."""
+        """The collection ahead (``pipeline: async | inflight``): the next update's rollout batches in flight."""
+        self.stats: UpdateStats | None = None
+        """The open update's counters (:meth:`_open_stats`)."""
         self.engine: ActFirstEngine | None = None
         self.intervention: Intervention | None = None
         """UOPD's rule, with the teacher's own engine (``_build_intervention``)."""
@@ -385,6 +390,7 @@ class Trainer:
         if self.checkpoint is not None:
             self._restore()
         self._open_outputs()
+        self.stats = self._open_stats()
         self.teacher_sr = (teacher_summary(self.cfg.teacher) or {}).get("SR", {}).get("mean")
         self.eval_plan = run_evaluation(self.cfg, self.benchmark) if self.cfg.evaluation is not None else None
         bar = tqdm(total=self.cfg.num_updates, initial=self.first_update - 1, desc="updates", unit="update",
@@ -429,13 +435,12 @@ class Trainer:
 
     async def step(self, update: int) -> None:
         """One update, phase by phase (see the module docstring)."""
-        clock = time.perf_counter()
-        stats = UpdateStats(generated=-self.engine.num_generated_tokens, discarded=-self.engine.num_discarded_tokens,
-                            dropped=-self.buffer.num_dropped)
+        clock, stats = time.perf_counter(), self.stats
         samples = await self.collect_rollouts(stats, update)
         metrics = await self.score_and_update(samples)
         version = await self.sync_weights(metrics, stats)
         stats.close(self.engine, self.buffer, time.perf_counter() - clock)  # the probes below are not the update's
+        self.stats = self._open_stats()
         t0 = time.perf_counter()
         metrics.update(await self.check_engines())
         metrics.update(await self.probe(update))
@@ -443,8 +448,16 @@ class Trainer:
         self.clock.exclude_probe(metrics["probe_s"])
         self.engine.records.clear()
         self.log(update, metrics, stats, version)
+        if self._checkpoint_due(update) or (self.cfg.evaluation is not None and self._eval_due(update)):
+            await self._await_collection(self.stats)  # inflight: nothing in flight while state is saved or evaluated
         self.save_checkpoint(update)
         await self.evaluate(update)
+
+    def _open_stats(self) -> UpdateStats:
+        """The next update's counters, opened as the last one's close (with ``pipeline: inflight`` its collection
+        ahead may still run: what it finishes from then on counts in the next update)."""
+        return UpdateStats(generated=-self.engine.num_generated_tokens, discarded=-self.engine.num_discarded_tokens,
+                           carried=-self.engine.num_carried_tokens, dropped=-self.buffer.num_dropped)
 
     # -- 1. rollouts ----------------------------------------------------------------------------------------------
 
@@ -452,6 +465,7 @@ class Trainer:
         """Rollout batches until this rank's buffer holds its share of the update's batch (current or preceding
         weight version); then, unless the pipeline is serial or this is the last update, the next update's
         collection starts (:meth:`_collect_ahead`)."""
+        await self._await_collection(stats)  # inflight: the collection ahead may have outlasted the weight sync
         version = self.engine.weight_version
         if self.cfg.batch == "rollout":
             samples = await self._collect_rollout_batch(stats, update, version)
@@ -462,7 +476,7 @@ class Trainer:
             samples = self.buffer.take(self.quota, version)
         stats.staleness = version - min(s.weight_version for s in samples)
         if self.cfg.pipeline != "serial" and update < self.cfg.num_updates:  # nothing after the last
-            self.pending = asyncio.ensure_future(self._collect_ahead(stats, update + 1, version))
+            self.pending = asyncio.ensure_future(self._collect_ahead(update + 1, version))
         return samples
 
     async def _collect_rollout_batch(self, stats: UpdateStats, update: int, version: int) -> list[Sample]:
@@ -473,17 +487,30 @@ class Trainer:
             self._finish_batch(await self._run_batch(update, self.batch_tasks), stats)
         return self.buffer.take(self.buffer.num_eligible(version), version)
 
-    async def _collect_ahead(self, stats: UpdateStats, update: int, version: int) -> None:
+    async def _collect_ahead(self, update: int, version: int) -> None:
         """The samples of ``update`` (the next), collected while this one scores and updates under weight version
         ``version``: with ``batch: turns``, rollout batches sized to what it still lacks until the buffer holds its
-        share (see ``actfirst.train.pipeline``); with ``batch: rollout``, its one rollout batch."""
-        before = stats.batches
-        t0 = time.perf_counter()
+        share (see ``actfirst.train.pipeline``); with ``batch: rollout``, its one rollout batch. Each batch counts
+        in the update open when it ends (``self.stats``: with ``inflight``, possibly the next)."""
+        t0, ran = time.perf_counter(), False
         if self.cfg.batch == "rollout":
-            self._finish_batch(await self._run_batch(update, self.batch_tasks), stats)
+            self._finish_batch(await self._run_batch(update, self.batch_tasks), self.stats)
+            ran = True
         while self.cfg.batch == "turns" and (need := self.quota - self.buffer.num_eligible(version + 1)) > 0:
-            self._finish_batch(await self._run_batch(update, self._tasks_for(need)), stats)
-        stats.overlapped, stats.ahead_s = stats.batches > before, time.perf_counter() - t0
+            self._finish_batch(await self._run_batch(update, self._tasks_for(need)), self.stats)
+            ran = True
+        self.stats.overlapped, self.stats.ahead_s = ran, time.perf_counter() - t0
+
+    async def _await_collection(self, stats: UpdateStats) -> None:
+        """Wait for the collection ahead in flight, if any (the wait adds to ``stats.wait_s``)."""
+        if self.pending is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            await self.pending
+        finally:
+            self.pending = None
+        stats.wait_s += time.perf_counter() - t0
 
     def _tasks_for(self, need: int) -> int:
         """The tasks of a rollout batch expected to give ``need`` more samples (at most ``rollout.batch_tasks``)."""
@@ -547,13 +574,14 @@ class Trainer:
     # -- 4. weight sync ---------------------------------------------------------------------------------------------
 
     async def sync_weights(self, metrics: dict[str, float], stats: UpdateStats) -> int:
-        """The new weights into this rank's engine, once the next update's collection in flight has ended (the
-        wait for it: ``stats.wait_s``). When every step was skipped (a non-finite loss or gradient) the weights did
-        not change and stay, unless the engine slept (then they are reloaded: its memory held none)."""
-        if self.pending is not None:
-            t0 = time.perf_counter()
-            await self.pending
-            self.pending, stats.wait_s = None, time.perf_counter() - t0
+        """The new weights into this rank's engine: with ``pipeline: async``, once the next update's collection in
+        flight has ended (the wait for it: ``stats.wait_s``); with ``inflight``, at once, between two engine steps,
+        the requests in flight continuing under them and keeping their tokens. When every step was skipped (a
+        non-finite loss or gradient) the weights did not change and stay, unless the engine slept (then they are
+        reloaded: its memory held none)."""
+        inflight = self.cfg.pipeline == "inflight"
+        if not inflight:
+            await self._await_collection(stats)
         t0 = time.perf_counter()
         if metrics["skipped"] >= self.cfg.num_minibatches and not self.engine.asleep:
             if self.ctx.lead:
@@ -561,7 +589,7 @@ class Trainer:
             return self.engine.weight_version
         version = self.engine.update_weights(gathered_parameters(
             self.policy.model, dtype=_DTYPES[self.cfg.student.dtype],
-            bucket_bytes=self.cfg.parallel.sync_bucket_mb << 20))
+            bucket_bytes=self.cfg.parallel.sync_bucket_mb << 20), keep_in_flight=inflight)
         metrics["sync_s"] = time.perf_counter() - t0
         return version
 
@@ -609,11 +637,13 @@ class Trainer:
         """Reduce this update's figures over the ranks; rank 0 writes the metrics line and the terminal line."""
         keys = sorted(rollout_counts([]))  # the same on every rank, whatever its window holds
         window = {k: sum(c.get(k, 0) for c in self.recent) for k in keys}  # a key newer than a checkpoint: 0
-        sums = reduce_sum([stats.transitions, stats.batches, stats.generated, stats.discarded, len(self.buffer),
-                           stats.dropped, stats.early, *[stats.times[k] for k in SPEEDUP_FIELDS],
+        counts = [stats.transitions, stats.batches, stats.generated, stats.discarded, stats.carried, len(self.buffer),
+                  stats.dropped, stats.early]
+        sums = reduce_sum([*counts, *[stats.times[k] for k in SPEEDUP_FIELDS],
                            *[window[k] for k in keys]])  # one collective for every count of the update
-        transitions, batches, generated, discarded, buffered, dropped, early = (int(x) for x in sums[:7])
-        times = dict(zip(SPEEDUP_FIELDS, sums[7:7 + len(SPEEDUP_FIELDS)]))
+        n = len(counts)
+        transitions, batches, generated, discarded, carried, buffered, dropped, early = (int(x) for x in sums[:n])
+        times = dict(zip(SPEEDUP_FIELDS, sums[n:n + len(SPEEDUP_FIELDS)]))
         slowest = reduce_max([stats.rollout_s, stats.wall_s, stats.wait_s, stats.staleness, stats.ahead_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
                                        "failures": stats.failures, "records": stats.records,
@@ -624,7 +654,7 @@ class Trainer:
         failures = [f"rank {r}: {f}" if self.ctx.world_size > 1 else f for r, p in enumerate(per_rank)
                     for f in p["failures"]]
         record = {
-            **metrics, **rollout_rates(dict(zip(keys, sums[7 + len(SPEEDUP_FIELDS):]))), **self.clock.throughput(),
+            **metrics, **rollout_rates(dict(zip(keys, sums[n + len(SPEEDUP_FIELDS):]))), **self.clock.throughput(),
             **{f"speedup/{k}": v for k, v in speedups(times).items()},
             **{f"speedup/run_{k}": v for k, v in speedups(self.clock.rollout_times).items()},
             "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,
@@ -634,7 +664,7 @@ class Trainer:
             "env_steps_per_s": transitions / slowest[1] if slowest[1] > 0 else math.nan,
             "transitions": transitions, "total_transitions": self.clock.total_transitions,
             "failed_episodes": len(failures), "failures": failures,
-            "generated_tokens": generated, "discarded_tokens": discarded,
+            "generated_tokens": generated, "discarded_tokens": discarded, "carried_tokens": carried,
             "discarded_frac": discarded / generated if generated else 0.0,
             "buffer/size": buffered, "buffer/dropped": dropped, "world_size": self.ctx.world_size,
             "queue": summarize_records([r for p in per_rank for r in p["records"]]),
@@ -653,13 +683,17 @@ class Trainer:
         for failure in failures:
             tqdm.write(f"  episode failed: {failure}")
 
+    def _checkpoint_due(self, update: int) -> bool:
+        cfg = self.cfg
+        evaluated = cfg.keep_best and cfg.evaluation is not None and self._eval_due(update)
+        return update % cfg.checkpoint_every == 0 or update == cfg.num_updates or evaluated
+
     def save_checkpoint(self, update: int) -> None:
         """Every ``checkpoint_every`` updates, after the last, and with ``keep_best`` at every evaluation (after the
         metrics: a kill between the two loses the update, never a line of the series)."""
-        cfg = self.cfg
-        evaluated = cfg.keep_best and cfg.evaluation is not None and self._eval_due(update)
-        if not (update % cfg.checkpoint_every == 0 or update == cfg.num_updates or evaluated):
+        if not self._checkpoint_due(update):
             return
+        cfg = self.cfg
         trainer_state = {
             "update": update, "config": to_dict(cfg), "updater": self.updater.state_dict(),
             "weight_version": self.engine.weight_version, "probe_gaps": self.probe_gaps,

@@ -84,8 +84,8 @@ def test_extract_action_random_junk():
 
 def test_aborted_result_raises_a_clear_error():
     result = GenerationResult(request_id="r1", kind=RequestKind.FAST_ACTION, token_ids=[5, 6], text="ab",
-                              logprobs=[-1.0, -1.0], finish_reason="abort", weight_version=0, queue_wait_s=0.0,
-                              latency_s=0.1, num_preemptions=0)
+                              logprobs=[-1.0, -1.0], finish_reason="abort", weight_version=0, token_versions=[0, 0],
+                              queue_wait_s=0.0, latency_s=0.1, num_preemptions=0)
     with pytest.raises(GenerationAborted, match="r1.*aborted after 2 tokens"):
         check_not_aborted(result)
     for reason in ("stop", "length"):

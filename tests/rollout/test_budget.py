@@ -207,6 +207,11 @@ def test_weight_update_between_requests_gives_the_oldest_version(engine, tokeniz
     v1, res = asyncio.run(run())
     assert v1 == v0 + 1 and res.num_requests == 2 and res.weight_version == v0
     assert res.action == "go to kitchen"
+    # The first request's tokens and the inserted ones (outside the loss) are v0's, the second request's v1's.
+    old = 3 + res.num_inserted
+    assert res.num_inserted > 0 and res.token_versions == [v0] * old + [v1] * (len(res.token_ids) - old)
+    sample = res.to_sample(PROMPT_HEAD + [START], task="t", turn=0, strategy="actfirst")
+    assert sample.token_versions == res.token_versions and sample.weight_version == v0
 
 
 def test_second_request_continues_from_prompt_first_and_inserted(engine, tokenizer, tiny_model_dir):

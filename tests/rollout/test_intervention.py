@@ -110,8 +110,8 @@ def test_random_selection_intervenes_at_the_rate(rate):
 
 def full_response(tokens: list[int], action: str = "look") -> FullResponse:
     return FullResponse(token_ids=tokens, loss_mask=[1] * len(tokens), logprobs=[-1.0] * len(tokens), text="",
-                        action=action, truncated=not action, weight_version=3, num_requests=1, num_inserted=0,
-                        queue_wait_s=0.0, latency_s=0.0)
+                        action=action, truncated=not action, weight_version=3, token_versions=[3] * len(tokens),
+                        num_requests=1, num_inserted=0, queue_wait_s=0.0, latency_s=0.0)
 
 
 def test_a_replaced_proposal_carries_no_loss_even_when_the_step_failed():

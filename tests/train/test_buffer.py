@@ -57,3 +57,35 @@ def test_state_dict_roundtrip():
     other.load_state_dict(state)
     assert (len(other), other.num_added, other.num_consumed, other.num_dropped) == (1, 3, 1, 1)
     assert other.take(1, current_version=2) == [sample(1, 2)]
+
+
+def spanning(versions: list[int], tag: int) -> Sample:
+    """A response whose tokens came from several weight versions (``pipeline: inflight``)."""
+    n = len(versions)
+    return Sample(context_ids=[1, 2], response_ids=[3] * n, loss_mask=[1] * n, logprobs=[-0.5] * n,
+                  weight_version=min(versions), token_versions=versions, task=f"task{tag}", turn=tag,
+                  strategy="actfirst")
+
+
+def test_staleness_reads_the_oldest_token():
+    """A sample is as old as its oldest token: [3, 4, 4] is dropped at version 5 though most of it is version 4."""
+    buf = SampleBuffer()
+    buf.add([spanning([3, 4, 4], 0), spanning([4, 5], 1), spanning([5, 5, 5], 2), spanning([4, 4], 3)])
+    assert buf.num_eligible(5) == 3
+    assert [s.turn for s in buf.take(2, current_version=5)] == [1, 2]
+    assert buf.num_dropped == 1
+    assert buf.take(1, current_version=6) is None and buf.num_dropped == 2  # [4, 4] is now too old
+    other = SampleBuffer()
+    other.add([spanning([6, 7], 4)])
+    restored = SampleBuffer()
+    restored.load_state_dict(other.state_dict())
+    assert restored.take(1, current_version=7)[0].token_versions == [6, 7]
+
+
+def test_token_versions_must_match_the_sample():
+    with pytest.raises(ValueError, match="oldest 4.*weight_version=5"):
+        Sample(context_ids=[1], response_ids=[3, 3], loss_mask=[1, 1], logprobs=[-0.5, -0.5], weight_version=5,
+               token_versions=[4, 5], task="t", turn=0, strategy="actfirst")
+    with pytest.raises(ValueError, match=r"token_versions \(1 entries.*\(2\)"):
+        Sample(context_ids=[1], response_ids=[3, 3], loss_mask=[1, 1], logprobs=[-0.5, -0.5], weight_version=5,
+               token_versions=[5], task="t", turn=0, strategy="actfirst")

@@ -211,3 +211,21 @@ def test_async_keeps_the_staleness_bound_and_the_transitions_of_serial(run_confi
     assert all(r["pipeline/ahead_s"] >= r["pipeline/wait_s"] for r in rows["async"])  # the wait is for it
     serial, overlapped = (sum(r["transitions"] for r in rows[p]) for p in ("serial", "async"))
     assert overlapped <= serial + (updates - 1) * (max_turns - 1), (serial, overlapped)
+
+
+def test_inflight_weights_enter_while_the_collection_runs(run_config, tmp_path):
+    """``pipeline: inflight``: the new weights enter the engine as soon as the update ends, while the next update's
+    collection may still run (its requests keep their tokens: ``carried_tokens``); every consumed sample is at most
+    one weight version behind by its oldest token, nothing generated is thrown away, and a checkpoint waits for the
+    collection in flight (the resumed run continues the series)."""
+    config, _ = run_config
+    out = tmp_path / "inflight"
+    train_cli(config, "pipeline=inflight", "num_updates=3", "checkpoint_every=2", f"out_dir={out}")
+    rows = read_metrics(out)
+    print([(r["transitions"], r["carried_tokens"], r["pipeline/max_staleness"], r["pipeline/wait_s"]) for r in rows])
+    assert [r["weight_version"] for r in rows] == [1, 2, 3] and all(r["pipeline"] == "inflight" for r in rows)
+    assert all(r["pipeline/max_staleness"] <= 1 and 0 <= r["version_lag_mean"] <= 1 for r in rows)
+    assert all(r["discarded_tokens"] == 0 and r["skipped"] == 0 and r["carried_tokens"] >= 0 for r in rows)
+    assert rows[0]["mismatch_mean"] < 1e-4 and rows[0]["pipeline/max_staleness"] == 0
+    train_cli(config, "pipeline=inflight", "num_updates=4", "checkpoint_every=2", f"out_dir={out}", "--resume")
+    assert [r["update"] for r in read_metrics(out)] == [1, 2, 3, 4]

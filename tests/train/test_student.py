@@ -2,6 +2,7 @@
 the learning-rate schedule and the train-inference mismatch metric (Appendix B.4)."""
 
 import copy
+import dataclasses
 import io
 import math
 
@@ -273,6 +274,34 @@ def test_mismatch_counts_only_the_current_version(model, gen):
         s.weight_version = 2
     m = updater(model).update(samples, current_version=3)
     assert math.isnan(m["mismatch_mean"]) and math.isnan(m["mismatch_max"])
+
+
+def test_a_response_spanning_two_versions_uses_its_sampled_logprobs(model, gen):
+    """``pipeline: inflight``: a response holds tokens of versions 1 and 2 (a weight load fell inside it). Each
+    token's log pi_old is its stored sampled log-prob, whichever version produced it (Eq. 29-30): the loss and
+    gradients equal Eq. 29-32 written out with those values, and the sample counts as of its oldest version."""
+    samples = on_policy(model, random_samples(gen, 4, model.config.vocab_size, max_response=16, version=2), 1.0,
+                        0.0, gen)
+    unshifted = list(samples)
+    for i, s in enumerate(samples[:2]):
+        k = max(1, len(s.response_ids) // 2)
+        # the first version's tokens were sampled by another policy than the current one
+        samples[i] = dataclasses.replace(s, logprobs=[x - 0.1 * m for x, m in zip(s.logprobs[:k], s.loss_mask)]
+                                         + s.logprobs[k:], weight_version=1,
+                                         token_versions=[1] * k + [2] * (len(s.response_ids) - k))
+    model.zero_grad(set_to_none=True)
+    stats = updater(model).accumulate_gradients(samples, current_version=2)
+    model64 = copy.deepcopy(model).double()
+    ref = surrogate64(model64, samples, 1.0)
+    ref.backward()
+    assert stats.loss == pytest.approx(float(ref.detach()), rel=1e-5, abs=1e-6)
+    for (name, p), p64 in zip(model.named_parameters(), model64.parameters()):
+        scale = float(p64.grad.abs().max())
+        torch.testing.assert_close(p.grad.double(), p64.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+    # The shift is material: with the first version's log pi_old unshifted the loss would be another.
+    assert abs(float(surrogate64(model64, unshifted, 1.0)) - stats.loss) > 1e-2
+    m = updater(copy.deepcopy(model)).update(samples, current_version=2)
+    assert m["version_lag_mean"] == pytest.approx(2 / len(samples))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
