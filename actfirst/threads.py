@@ -7,6 +7,7 @@ runs record (``run_summary.json``, the comparison's outputs)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 from typing import Any
 
@@ -15,8 +16,15 @@ DEFAULT_OMP_THREADS = "1"
 
 
 def fix_thread_count() -> None:
-    """Set ``OMP_NUM_THREADS`` to :data:`DEFAULT_OMP_THREADS` unless it is set; before torch is imported."""
-    os.environ.setdefault("OMP_NUM_THREADS", DEFAULT_OMP_THREADS)
+    """Set ``OMP_NUM_THREADS`` to :data:`DEFAULT_OMP_THREADS` unless it is set; before torch is imported. An OpenMP
+    runtime already loaded (``LD_PRELOAD``: vLLM's CPU engine preloads torch's libgomp and its environment reaches
+    child processes) read the variable when the process started, so it is told the same by ``omp_set_num_threads``."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    os.environ["OMP_NUM_THREADS"] = DEFAULT_OMP_THREADS
+    set_threads = getattr(ctypes.CDLL(None), "omp_set_num_threads", None)  # None: no runtime loaded yet
+    if set_threads is not None:
+        set_threads(int(DEFAULT_OMP_THREADS))
 
 
 def thread_counts() -> dict[str, Any]:
