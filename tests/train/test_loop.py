@@ -208,7 +208,6 @@ def test_async_keeps_the_staleness_bound_and_the_transitions_of_serial(run_confi
         assert all(r["cpu/update_threads"] == max(1, cores - 1) for r in series)  # the cores the engine does not use
     assert not any(r["pipeline/overlapped"] for r in rows["serial"])
     assert any(r["pipeline/overlapped"] for r in rows["async"]) and not rows["async"][-1]["pipeline/overlapped"]
-    assert all(r["pipeline/ahead_s"] >= r["pipeline/wait_s"] for r in rows["async"])  # the wait is for it
     serial, overlapped = (sum(r["transitions"] for r in rows[p]) for p in ("serial", "async"))
     assert overlapped <= serial + (updates - 1) * (max_turns - 1), (serial, overlapped)
 

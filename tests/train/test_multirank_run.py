@@ -48,7 +48,9 @@ def rows(out_dir):
 
 
 def test_two_ranks_sync_their_engines_and_resume_on_one(base, tmp_path):
-    config, out_dir = write_config(base, tmp_path, num_updates=2)
+    # serial: update 2 then trains on samples the engines generated after the first sync (with async, the default,
+    # they were collected during update 1, before it; the async case is the two-node test's)
+    config, out_dir = write_config(base, tmp_path, num_updates=2, pipeline="serial")
     proc = run("--config", str(config), "--nproc-per-node", "2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "done: 2 updates on 2 rank(s)" in proc.stdout
