@@ -467,25 +467,15 @@ class Trainer:
         collection starts (:meth:`_collect_ahead`)."""
         await self._await_collection(stats)  # inflight: the collection ahead may have outlasted the weight sync
         version = self.engine.weight_version
-        if self.cfg.batch == "rollout":
-            samples = await self._collect_rollout_batch(stats, update, version)
-        else:
-            while (need := self.quota - self.buffer.num_eligible(version)) > 0:
-                tasks = self.batch_tasks if self.cfg.pipeline == "serial" else self._tasks_for(need)
-                self._finish_batch(await self._run_batch(update, tasks), stats)
-            samples = self.buffer.take(self.quota, version)
+        while (need := self._still_needed(version)) > 0:
+            tasks = self.batch_tasks if self.cfg.pipeline == "serial" else self._tasks_for(need)
+            self._finish_batch(await self._run_batch(update, tasks), stats)
+        rollout = self.cfg.batch == "rollout"  # 003's step: every sample of its one rollout batch
+        samples = self.buffer.take(self.buffer.num_eligible(version) if rollout else self.quota, version)
         stats.staleness = version - min(s.weight_version for s in samples)
         if self.cfg.pipeline != "serial" and update < self.cfg.num_updates:  # nothing after the last
             self.pending = asyncio.ensure_future(self._collect_ahead(update + 1, version))
         return samples
-
-    async def _collect_rollout_batch(self, stats: UpdateStats, update: int, version: int) -> list[Sample]:
-        """``batch: rollout`` (003's step): every sample of one rollout batch, the one collected during the last
-        update unless the pipeline is serial; a batch without a sample (every episode failed) is followed by
-        another."""
-        while not self.buffer.num_eligible(version):
-            self._finish_batch(await self._run_batch(update, self.batch_tasks), stats)
-        return self.buffer.take(self.buffer.num_eligible(version), version)
 
     async def _collect_ahead(self, update: int, version: int) -> None:
         """The samples of ``update`` (the next), collected while this one scores and updates under weight version
@@ -493,13 +483,16 @@ class Trainer:
         share (see ``actfirst.train.pipeline``); with ``batch: rollout``, its one rollout batch. Each batch counts
         in the update open when it ends (``self.stats``: with ``inflight``, possibly the next)."""
         t0, ran = time.perf_counter(), False
-        if self.cfg.batch == "rollout":
-            self._finish_batch(await self._run_batch(update, self.batch_tasks), self.stats)
-            ran = True
-        while self.cfg.batch == "turns" and (need := self.quota - self.buffer.num_eligible(version + 1)) > 0:
+        while (need := self._still_needed(version + 1)) > 0:
             self._finish_batch(await self._run_batch(update, self._tasks_for(need)), self.stats)
             ran = True
         self.stats.overlapped, self.stats.ahead_s = ran, time.perf_counter() - t0
+
+    def _still_needed(self, version: int) -> int:
+        """Samples the update that trains under ``version`` still lacks: its quota less the eligible buffered ones
+        (``batch: rollout``: one batch's, so 1 until a rollout batch has given a sample)."""
+        eligible = self.buffer.num_eligible(version)
+        return (0 if eligible else 1) if self.cfg.batch == "rollout" else self.quota - eligible
 
     async def _await_collection(self, stats: UpdateStats) -> None:
         """Wait for the collection ahead in flight, if any (the wait adds to ``stats.wait_s``)."""
@@ -513,7 +506,10 @@ class Trainer:
         stats.wait_s += time.perf_counter() - t0
 
     def _tasks_for(self, need: int) -> int:
-        """The tasks of a rollout batch expected to give ``need`` more samples (at most ``rollout.batch_tasks``)."""
+        """The tasks of a rollout batch expected to give ``need`` more samples (at most ``rollout.batch_tasks``;
+        ``batch: rollout``: a whole rollout batch, 003's step)."""
+        if self.cfg.batch == "rollout":
+            return self.batch_tasks
         return self.sample_yield.tasks_for(need, self.batch_tasks)
 
     async def _run_batch(self, update: int, tasks: int) -> RolloutBatch:

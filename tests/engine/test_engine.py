@@ -202,6 +202,17 @@ def test_update_weights_reaches_a_tied_lm_head(tmp_path):
     assert worst < 2e-3
 
 
+async def update_mid_request(engine, prompt, spec, weights, *, steps, **keep):
+    """Submit one request, let ``steps`` engine steps run, load ``weights`` (``update_weights``' keywords ``keep``);
+    returns the tokens it held at the load, the new weight version, and its result."""
+    fut = engine.submit(prompt, FULL, spec, request_id="span")
+    start = engine.num_steps
+    while engine.num_steps < start + steps:
+        await asyncio.sleep(0)
+    before = list(engine._by_id["span"].output_token_ids)
+    return before, engine.update_weights(weights.items(), **keep), await fut
+
+
 def test_update_weights_requeues_requests_in_flight(engine, tiny_model_dir):
     engine.reconfigure(SchedulerConfig(b_max=4))
     original = load_file(f"{tiny_model_dir}/model.safetensors")
@@ -209,16 +220,8 @@ def test_update_weights_requeues_requests_in_flight(engine, tiny_model_dir):
     prompt = [31, 32, 33] * 6
     spec = SamplingSpec(max_tokens=48, min_tokens=48, ignore_eos=True, seed=9)
 
-    async def run():
-        fut = engine.submit(prompt, FULL, spec)
-        start = engine.num_steps
-        while engine.num_steps < start + 5:  # prefill and a few decode steps under the old weights
-            await asyncio.sleep(0)
-        version = engine.update_weights(new.items())
-        return version, await fut
-
-    try:
-        version, res = asyncio.run(run())
+    try:  # prefill and a few decode steps under the old weights, then the load
+        _, version, res = asyncio.run(update_mid_request(engine, prompt, spec, new, steps=5))
     finally:
         engine.update_weights(original.items())
     assert res.weight_version == version
@@ -265,17 +268,9 @@ def test_update_weights_keep_in_flight_keeps_every_token(engine, tiny_model_dir)
     prompt = [41, 42, 43] * 6
     spec = SamplingSpec(max_tokens=40, min_tokens=40, ignore_eos=True, seed=11)
 
-    async def run():
-        fut = engine.submit(prompt, FULL, spec, request_id="span")
-        start = engine.num_steps
-        while engine.num_steps < start + 6:
-            await asyncio.sleep(0)
-        before = list(engine._by_id["span"].output_token_ids)
-        return before, engine.update_weights(new.items(), keep_in_flight=True), await fut
-
     carried, discarded = engine.num_carried_tokens, engine.num_discarded_tokens
     try:
-        before, version, res = asyncio.run(run())
+        before, version, res = asyncio.run(update_mid_request(engine, prompt, spec, new, steps=6, keep_in_flight=True))
     finally:
         engine.update_weights(original.items())
     num_old = check_versions(res, version)
