@@ -100,6 +100,8 @@ from actfirst.train.trackers import TrackedRun, open_trackers
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 ENGINE_PROBE = "The same weights give the same log-probs on every rank."
 """The prompt each rank's engine answers after a weight sync (with several ranks): the engines must agree."""
+PHASE_SECONDS = ("score_s", "update_s", "sync_s", "probe_s")
+"""A step's phase times: the metrics line holds the slowest rank's, ``ranks`` (with several ranks) each rank's."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -441,6 +443,8 @@ class Trainer:
         version = await self.sync_weights(metrics, stats)
         stats.close(self.engine, self.buffer, time.perf_counter() - clock)  # the probes below are not the update's
         self.stats = self._open_stats()
+        if self._probe_due(update):  # inflight: the collection ahead must not run inside the probe's excluded time
+            await self._await_collection(self.stats)
         t0 = time.perf_counter()
         metrics.update(await self.check_engines())
         metrics.update(await self.probe(update))
@@ -615,8 +619,7 @@ class Trainer:
     async def probe(self, update: int) -> dict[str, float]:
         """Teacher-minus-student log-prob gap of fresh full responses at fixed contexts (every ``probe_every``
         updates and the last), over every rank's contexts: an estimate of -KL(student || teacher) there (Eq. 4-5)."""
-        cfg = self.cfg
-        if not cfg.probe_contexts or not (update % cfg.probe_every == 0 or update == cfg.num_updates):
+        if not self._probe_due(update):
             return {}
         responses = await asyncio.gather(*(self.runner.full_response(c, seed=10_007 + 97 * self.ctx.rank + i)
                                            for i, c in enumerate(self.probe_contexts)))
@@ -628,6 +631,10 @@ class Trainer:
         gap = total / count if count else math.nan
         self.probe_gaps.append(gap)
         return {"probe/gap": gap}
+
+    def _probe_due(self, update: int) -> bool:
+        cfg = self.cfg
+        return bool(cfg.probe_contexts) and (update % cfg.probe_every == 0 or update == cfg.num_updates)
 
     def log(self, update: int, metrics: dict[str, float], stats: UpdateStats, version: int) -> None:
         """Reduce this update's figures over the ranks; rank 0 writes the metrics line and the terminal line."""
@@ -643,14 +650,17 @@ class Trainer:
         slowest = reduce_max([stats.rollout_s, stats.wall_s, stats.wait_s, stats.staleness, stats.ahead_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
                                        "failures": stats.failures, "records": stats.records,
-                                       "interventions": stats.interventions, "batch_n": self.batch_index - 1})
+                                       "interventions": stats.interventions, "batch_n": self.batch_index - 1,
+                                       **{k: metrics.get(k, 0.0) for k in PHASE_SECONDS}})
         self.clock.count(transitions=transitions, early=early, rollout_times=times)
         if not self.ctx.lead:
             return
         failures = [f"rank {r}: {f}" if self.ctx.world_size > 1 else f for r, p in enumerate(per_rank)
                     for f in p["failures"]]
+        phases = {k: max(p[k] for p in per_rank) for k in PHASE_SECONDS if k in metrics}  # the slowest rank's
         record = {
-            **metrics, **rollout_rates(dict(zip(keys, sums[n + len(SPEEDUP_FIELDS):]))), **self.clock.throughput(),
+            **metrics, **phases, **rollout_rates(dict(zip(keys, sums[n + len(SPEEDUP_FIELDS):]))),
+            **self.clock.throughput(),
             **{f"speedup/{k}": v for k, v in speedups(times).items()},
             **{f"speedup/run_{k}": v for k, v in speedups(self.clock.rollout_times).items()},
             "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,
@@ -671,8 +681,7 @@ class Trainer:
         if self.intervention is not None:
             record.update(intervention_metrics([r for p in per_rank for r in p["interventions"]]))
         if self.ctx.world_size > 1:
-            record["ranks"] = {"rollout_s": [p["rollout_s"] for p in per_rank],
-                               "transitions": [p["transitions"] for p in per_rank]}
+            record["ranks"] = {k: [p[k] for p in per_rank] for k in ("rollout_s", "transitions", *phases)}
         self.clock.beat()  # before the metrics line: whoever sees update N's line sees its time in clock.jsonl
         self.sink.log(update, record)
         tqdm.write(summary_line(update, record))

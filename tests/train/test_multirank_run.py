@@ -66,6 +66,9 @@ def test_two_ranks_sync_their_engines_and_resume_on_one(base, tmp_path):
     assert synced and max(synced) < 1e-4, [r["mismatch_mean"] for r in series]
     assert all(len(r["ranks"]["transitions"]) == 2 and sum(r["ranks"]["transitions"]) == r["transitions"]
                for r in series)
+    # the phase seconds are the slowest rank's, each rank's kept
+    assert all(r[k] == max(r["ranks"][k]) and len(r["ranks"][k]) == 2 and min(r["ranks"][k]) > 0
+               for r in series for k in ("score_s", "update_s", "sync_s")), [r["ranks"] for r in series]
     ckpt = out_dir / "checkpoints" / "update_000002"
     assert {"rank_00000.pt", "rank_00001.pt", "trainer_state.pt", "model.safetensors"} <= {
         p.name for p in ckpt.iterdir()} and any((ckpt / "optimizer").iterdir())
