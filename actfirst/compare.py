@@ -10,13 +10,13 @@ Every (strategy, seed) is one run of the same config from the same warm start (`
 (what the runs need, then the warm start and the teacher evaluated), which fixes the same-SR threshold
 (``compare.threshold``) in ``<out>/threshold.json`` before any run trains; then the runs as ``python -m
 actfirst.run`` in ABBA order over the seeds (seed 0: A B, seed 1: B A, ...); then every run's checkpoints evaluated
-on the same episodes, each run's in a child process (``actfirst.comparison_runs``). ``--seeds`` defaults to the
+on the same episodes, each run's in a child process (``actfirst.comparison.runs``). ``--seeds`` defaults to the
 config's ``seed``; six per method is a reasonable start for an interval that can exclude 1. ``--resume`` continues a
 killed comparison: a run whose ``wall_clock.json`` records the config's ``num_updates`` is not trained again, a
 started one resumes from its latest checkpoint, a missing one starts, an evaluated checkpoint is not evaluated again
 (a run whose ``config.json`` differs in more than a resume may change is refused first). Then
 ``<out>/comparison.md``, ``comparison.json``, ``comparison.png`` and ``curves.png`` are written and the table printed
-(what the tables hold: ``actfirst.comparison``'s docstring).
+(what the tables hold: ``actfirst.comparison.tables``'s docstring).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actfirst.comparison import FINISHED, METHODS, NEW, OUTPUTS, STARTED, run_state, write_comparison
-from actfirst.comparison_runs import evaluate_run, fix_threshold, run_order, run_overrides, train_run
-from actfirst.config import ConfigError
+from actfirst.comparison.runs import evaluate_run, fix_threshold, run_order, run_overrides, train_run
+from actfirst.comparison.tables import FINISHED, METHODS, NEW, OUTPUTS, STARTED, run_state, write_comparison
+from actfirst.core.config import ConfigError
+from actfirst.core.user_input import check_writable_dir, command
 from actfirst.rollout.strategies import STRATEGIES
-from actfirst.user_input import check_writable_dir, command
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     """Load every run's config, prepare and fix the threshold, train each run (under ``--resume`` only those not
     finished) in ABBA order, evaluate their checkpoints, write and print the comparison."""
     args = parse_args(argv)
-    from actfirst.preparation import check_inputs, load_run_config, resolve_models
+    from actfirst.preparation.build import check_inputs, load_run_config, resolve_models
 
     out = Path(args.out)
     check_writable_dir(out, "--out")

@@ -13,9 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from actfirst.downloads import DownloadError, fetch_data
+from actfirst.core.user_input import ConfigError, check_writable_dir, command
 from actfirst.envs.benchmarks import BENCHMARKS
-from actfirst.user_input import ConfigError, check_writable_dir, command
+from actfirst.preparation.downloads import DownloadError, fetch_data
 
 EXIT_FAILED = 1
 

@@ -19,7 +19,7 @@ training run's (``EvaluationConfig``: temperature 0.6, top-p 1). ``--split``, ``
 with its own engine on its share of the (seed, task) episodes; rank 0 merges the report (under torchrun every process
 is a rank).
 
-The command line over ``actfirst.evaluation`` (what is played and how: its docstring).
+The command line over ``actfirst.evaluation.evaluate`` (what is played and how: its docstring).
 """
 
 from __future__ import annotations
@@ -29,12 +29,19 @@ import asyncio
 import json
 import sys
 
-from actfirst.config import EngineConfig, SchedulerConfig
+from actfirst.core.config import EngineConfig, SchedulerConfig
+from actfirst.core.user_input import ConfigError, check_writable_file, command, positive_int
 from actfirst.envs.benchmarks import BENCHMARKS
-from actfirst.eval_report import EvalReport
-from actfirst.evaluation import RunEvaluation, benchmark_serving, emit_report, merge_reports, run_serving, served
+from actfirst.evaluation.evaluate import (
+    RunEvaluation,
+    benchmark_serving,
+    emit_report,
+    merge_reports,
+    run_serving,
+    served,
+)
+from actfirst.evaluation.report import EvalReport
 from actfirst.models.hub import model_commit, resolve_model
-from actfirst.user_input import ConfigError, check_writable_file, command, positive_int
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", help="the training run's config: evaluate as the run does")
     parser.add_argument("--benchmark", choices=sorted(BENCHMARKS),
                         help="evaluate on a benchmark without a run config")
-    parser.add_argument("--env-config", help="with --benchmark: env config file (default configs/envs/<benchmark>.yaml)")
+    parser.add_argument("--env-config",
+                        help="with --benchmark: env config file (default configs/envs/<benchmark>.yaml)")
     parser.add_argument("--split", choices=["train", "eval"], help="evaluation.split")
     parser.add_argument("--tasks", type=int, help="evaluation.tasks: N tasks, round-robin over task types (0: all)")
     parser.add_argument("--seeds", type=int, nargs="+", help="evaluation.seeds")
@@ -56,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="ranks on this machine, each with its own engine (ignored under torchrun)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="with --config: the run config's keys (evaluation.temperature=0.4, student.dtype=...); "
-                             "with --benchmark: env keys (games=generated, max_turns=...), evaluation.*, rollout.*, engine.*, "
-                             "scheduler.*")
+                             "with --benchmark: env keys (games=generated, max_turns=...), evaluation.*, rollout.*, "
+                             "engine.*, scheduler.*")
     return parser
 
 

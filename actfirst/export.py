@@ -4,7 +4,7 @@ the dtype asked for; the tokenizer and chat template; a model card with the run'
     python -m actfirst.export runs/demo/actfirst/checkpoints/update_000020 --out exports/demo [--dtype bfloat16] \\
         [--push-to-hub USER/REPO [--private]]
 
-The command line over ``actfirst.exporting`` (what is written and how: its docstring). ``--push-to-hub`` uploads the
+The command line over ``actfirst.models.export`` (what is written and how: its docstring). ``--push-to-hub`` uploads the
 export with huggingface_hub (a token and the network are checked before any work).
 """
 
@@ -14,8 +14,8 @@ import argparse
 import shlex
 import sys
 
-from actfirst.exporting import EXPORT_DTYPES, check_hub_repo, export_checkpoint, push_to_hub
-from actfirst.user_input import check_writable_dir, command
+from actfirst.core.user_input import check_writable_dir, command
+from actfirst.models.export import EXPORT_DTYPES, check_hub_repo, export_checkpoint, push_to_hub
 
 
 def build_parser() -> argparse.ArgumentParser:

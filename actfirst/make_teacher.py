@@ -6,8 +6,8 @@
     python -m actfirst.make_teacher --config ... --nproc-per-node 8        # ranks on this machine
     torchrun --nnodes N --nproc-per-node 8 ... -m actfirst.make_teacher --config ...   # several nodes
 
-The command line over ``actfirst.teacher_sft`` (the config, the data, the layout) and
-``actfirst.teacher_training`` (each rank's loop). Rerun the same command after an interruption: it continues from
+The command line over ``actfirst.teacher.sft`` (the config, the data, the layout) and
+``actfirst.teacher.training`` (each rank's loop). Rerun the same command after an interruption: it continues from
 the last checkpoint; once ``out`` holds the teacher it does nothing.
 """
 
@@ -19,8 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+from actfirst.core.user_input import add_nproc_argument, check_writable_dir, command, ranks_per_node
 from actfirst.models.hub import resolve_model
-from actfirst.user_input import add_nproc_argument, check_writable_dir, command, ranks_per_node
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Start the ranks (no torchrun environment) or run this process's rank; returns the exit status."""
     from actfirst.parallel.context import launched_as_rank
-    from actfirst.teacher_sft import check_resumable, finished, load_teacher_config
+    from actfirst.teacher.sft import check_resumable, finished, load_teacher_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     check_writable_dir(Path(cfg.out).parent, "out")
     check_resumable(cfg)
-    from actfirst.teacher_training import train_rank
+    from actfirst.teacher.training import train_rank
 
     if launched_as_rank():
         from torch.distributed.elastic.multiprocessing.errors import record

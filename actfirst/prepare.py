@@ -3,7 +3,7 @@
     python -m actfirst.prepare --config configs/<benchmark>/<setting>.yaml [key=value ...]
     python -m actfirst.prepare --config ... --nproc-per-node 8     # teacher rollouts and replay on 8 ranks
 
-The command line over ``actfirst.preparation`` (what is built, and from what: its docstring). Whatever exists is
+The command line over ``actfirst.preparation.build`` (what is built, and from what: its docstring). Whatever exists is
 kept: a second call does nothing, and a killed one resumes without redoing a finished task. The teacher's rollouts
 and the reference replay are shared by ``--nproc-per-node`` ranks (default: one per GPU; one on a CPU), each
 started as this command with ``--stage`` under PyTorch's elastic launcher.
@@ -15,8 +15,8 @@ import argparse
 import os
 import sys
 
-from actfirst.preparation import STAGES, RankFailed, ensure_prepared, load_run_config, resolve_models, run_stage
-from actfirst.user_input import ConfigError, add_nproc_argument, command, ranks_per_node
+from actfirst.core.user_input import ConfigError, add_nproc_argument, command, ranks_per_node
+from actfirst.preparation.build import STAGES, RankFailed, ensure_prepared, load_run_config, resolve_models, run_stage
 
 
 @command

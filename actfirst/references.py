@@ -3,9 +3,9 @@
     python -m actfirst.references build --benchmark scienceworld --out refs/scienceworld.jsonl
     python -m actfirst.references build --benchmark alfworld --out refs/alfworld.jsonl --candidates teacher.jsonl
 
-The command line over ``actfirst.reference_cache`` (the candidates, their selection and the cache: its docstring).
-Every candidate is replayed under the environment configuration ``--config`` and ``--set`` give; ``--allow-partial``
-publishes a cache below 100% coverage, which its metadata then records.
+The command line over ``actfirst.preparation.reference_cache`` (the candidates, their selection and the cache: its
+docstring). Every candidate is replayed under the environment configuration ``--config`` and ``--set`` give;
+``--allow-partial`` publishes a cache below 100% coverage, which its metadata then records.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import argparse
 import asyncio
 import sys
 
+from actfirst.core.user_input import check_writable_file, command
 from actfirst.envs.benchmarks import BENCHMARKS, load_benchmark, select_tasks
 from actfirst.envs.workers import EnvPool
-from actfirst.reference_cache import build_references, read_candidates
-from actfirst.user_input import check_writable_file, command
+from actfirst.preparation.reference_cache import build_references, read_candidates
 
 
 async def _build(args: argparse.Namespace) -> int:

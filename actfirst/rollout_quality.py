@@ -4,9 +4,10 @@ reference next observations, and ActFirst-OPD's reference-conditioned interactio
     python -m actfirst.rollout_quality --checkpoint DIR --config CFG [--tasks N] [--seed S] [--out report.json] \\
         [--max-in-flight K] [key=value ...]       # overrides of the training config CFG
 
-The command line over ``actfirst.quality`` (the strategies, their settings and seeds: its docstring). The tasks are
-the config's training tasks, or ``--tasks N`` of them spread over the task types as ``actfirst.evaluation.pick_tasks``
-spreads them; task i's turn t samples with a seed that is a function of (``--seed``, i, t) alone.
+The command line over ``actfirst.evaluation.quality`` (the strategies, their settings and seeds: its docstring). The
+tasks are the config's training tasks, or ``--tasks N`` of them spread over the task types as
+``actfirst.evaluation.evaluate.pick_tasks`` spreads them; task i's turn t samples with a seed that is a function of
+(``--seed``, i, t) alone.
 """
 
 from __future__ import annotations
@@ -16,16 +17,16 @@ import asyncio
 import dataclasses
 import sys
 
-from actfirst.config import ConfigError, TrainConfig
+from actfirst.core.config import ConfigError, TrainConfig
+from actfirst.core.user_input import check_exists, check_writable_file, command, positive_int
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
-from actfirst.evaluation import emit_report, pick_tasks, served
+from actfirst.evaluation.evaluate import emit_report, pick_tasks, served
+from actfirst.evaluation.quality import STRATEGIES, measure_quality, model_len_needed, quality_rollout_config
+from actfirst.evaluation.quality_metrics import QualityReport
 from actfirst.models.hub import resolve_model
-from actfirst.preparation import load_run_config
-from actfirst.quality import STRATEGIES, measure_quality, model_len_needed, quality_rollout_config
-from actfirst.quality_report import QualityReport
-from actfirst.reference_cache import load_references
-from actfirst.user_input import check_exists, check_writable_file, command, positive_int
+from actfirst.preparation.build import load_run_config
+from actfirst.preparation.reference_cache import load_references
 
 
 def build_parser() -> argparse.ArgumentParser:

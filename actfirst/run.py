@@ -1,8 +1,8 @@
 """The product run: prepare what is missing, start the ranks, train, evaluate, and say where everything is.
 
-    python -m actfirst.run                                        # the CPU demo (configs/demo/scienceworld_lifespan.yaml)
+    python -m actfirst.run                                      # the CPU demo (configs/demo/scienceworld_lifespan.yaml)
     python -m actfirst.run --config configs/train/<benchmark>/<setting>.yaml [key=value ...] [--resume]
-    python -m actfirst.run --config ... --nproc-per-node 2        # ranks on this machine (default: one per GPU)
+    python -m actfirst.run --config ... --nproc-per-node 2      # ranks on this machine (default: one per GPU)
     torchrun --nnodes N --nproc-per-node 8 ... -m actfirst.run --config ...   # several nodes
 
 Stages: ``actfirst.prepare`` (reference cache; for the demo also the teacher and the student's warm start) from the
@@ -26,9 +26,9 @@ import sys
 import time
 from pathlib import Path
 
-from actfirst.config import DEMO_CONFIG, ConfigError
+from actfirst.core.config import DEMO_CONFIG, ConfigError
+from actfirst.core.user_input import add_nproc_argument, command, ranks_per_node
 from actfirst.train.clock import LAUNCH_ENV
-from actfirst.user_input import add_nproc_argument, command, ranks_per_node
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Launch the run (no torchrun environment) or run this process's rank; returns the exit status."""
     from actfirst.parallel.context import launched_as_rank
-    from actfirst.preparation import check_inputs, load_run_config, resolve_models
-    from actfirst.training_run import run_rank
+    from actfirst.preparation.build import check_inputs, load_run_config, resolve_models
+    from actfirst.train.stages import run_rank
 
     args = build_parser().parse_args(argv)
     if not launched_as_rank():
@@ -70,9 +70,9 @@ def launch(args: argparse.Namespace) -> int:
     """The launching process: check the config, resolve its models (downloading Hub ids), prepare what is missing,
     start the ranks (with the models' local paths)."""
     from actfirst.parallel.launch import launch_ranks
-    from actfirst.preparation import RankFailed, load_run_config, model_overrides, resolve_models
+    from actfirst.preparation.build import RankFailed, load_run_config, model_overrides, resolve_models
+    from actfirst.train.stages import prepare, run_rank
     from actfirst.train.trainer import check_layout
-    from actfirst.training_run import prepare, run_rank
 
     started = time.time()
     nproc = ranks_per_node(args.nproc_per_node)

@@ -3,11 +3,11 @@
     python -m actfirst.teacher_rollouts --teacher DIR --benchmark scienceworld --out refs/teacher.jsonl \\
         [--per-task 10] [--tasks N] [--config ENVYAML] [key=value ...]   # rollout.*, engine.*, scheduler.* as eval
 
-The command line over ``actfirst.teacher_candidates`` (how the teacher plays and what is kept: its docstring). The
-JSONL it writes is what ``python -m actfirst.references build --candidates`` reads. Each task's candidates go to the
-journal ``<out>.partial`` as soon as its rollouts finish (``actfirst.journal``): a killed run, started again with the
-same arguments, plays only the tasks the journal lacks (delete the journal to start over); ``<out>`` is written
-atomically once every task is done.
+The command line over ``actfirst.preparation.teacher_candidates`` (how the teacher plays and what is kept: its
+docstring). The JSONL it writes is what ``python -m actfirst.references build --candidates`` reads. Each task's
+candidates go to the journal ``<out>.partial`` as soon as its rollouts finish (``actfirst.core.journal``): a killed run,
+started again with the same arguments, plays only the tasks the journal lacks (delete the journal to start over);
+``<out>`` is written atomically once every task is done.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import json
 import sys
 from pathlib import Path
 
-from actfirst.config import EngineConfig, RolloutConfig, SchedulerConfig
+from actfirst.core.config import EngineConfig, RolloutConfig, SchedulerConfig
+from actfirst.core.user_input import check_writable_file, command, positive_int
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark
-from actfirst.evaluation import pick_tasks, served, serving_configs
+from actfirst.evaluation.evaluate import pick_tasks, served, serving_configs
 from actfirst.models.hub import resolve_model
-from actfirst.teacher_candidates import MAX_REPEATS, merge_candidates, play_share
-from actfirst.user_input import check_writable_file, command, positive_int
+from actfirst.preparation.teacher_candidates import MAX_REPEATS, merge_candidates, play_share
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m actfirst.teacher_rollouts", description=__doc__.split("\n\n")[0])
     parser.add_argument("--teacher", required=True, help="the teacher's Hugging Face directory or Hub id")
     parser.add_argument("--revision", default=None, help="with a Hub id: its branch, tag or commit (default: main)")
-    parser.add_argument("--benchmark", required=True, choices=sorted(n for n, b in BENCHMARKS.items() if b.fast_actions))
+    parser.add_argument("--benchmark", required=True,
+                        choices=sorted(n for n, b in BENCHMARKS.items() if b.fast_actions))
     parser.add_argument("--out", required=True, help="candidate JSONL to write")
     parser.add_argument("--split", default="train", choices=["train", "eval"])
     parser.add_argument("--per-task", type=int, default=10, help="rollouts per task (C.2: ten)")

@@ -48,7 +48,7 @@ import torch
 import transformers
 from torch.utils.checkpoint import checkpoint
 
-from actfirst.files import write_atomically
+from actfirst.core.files import write_atomically
 
 OUT = Path(__file__).with_name("activation_bytes.json")
 SHAPES = {
@@ -177,7 +177,7 @@ def probe_shape(shape: str, tokens: list[int]) -> dict:
             key = row + ("_checkpointed" if ckpt else "")
             result[key] = {"per_token": a, "per_token_sq": b, "shared_per_token": shared_a,
                            "shared_per_token_sq": shared_b, "outside_per_token": outside,
-                           "raw": {str(t): r for t, r in zip(tokens, raw)}}
+                           "raw": {str(t): r for t, r in zip(tokens, raw, strict=True)}}
             print(f"{shape:13s} {key:26s} {a:9.0f} B/token/layer  + {b:7.3f} T  (old formula {old_formula(shape)}, "
                   f"x{a / old_formula(shape):.2f})", flush=True)
     return result

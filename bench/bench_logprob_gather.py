@@ -32,11 +32,11 @@ import sys
 from pathlib import Path
 
 import torch
-from actfirst.kernels import paths
-from actfirst.kernels.dispatch import last_path, logprob_gather, ppo_loss_from_hidden
 from timing import median_time, sync
 
-from actfirst.user_input import check_writable_file, command
+from actfirst.core.user_input import check_writable_file, command
+from actfirst.kernels import paths
+from actfirst.kernels.dispatch import last_path, logprob_gather, ppo_loss_from_hidden
 
 QWEN3_V = 151_936
 QWEN3_H = {"0.6B": 1024, "1.7B": 2048, "4B": 2560, "8B": 4096}
@@ -159,7 +159,7 @@ def summary(rows: list[dict]) -> str:
              + " | pick (est. fused / chunked ms) | pick vs best of Liger, CCE: time, peak |",
              "|---" * (len(providers) + 5) + "|"]
     for (model, n, mode), c in cells.items():
-        def cell(p):
+        def cell(p, c=c):
             r = c.get(p)
             if r is None or "error" in r:
                 return "-" if r is None else r["error"][:40]

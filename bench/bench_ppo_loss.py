@@ -18,11 +18,11 @@ import sys
 from pathlib import Path
 
 import torch
-from actfirst.kernels.dispatch import ppo_loss
-from actfirst.kernels.ppo_loss import ppo_loss_reference
 from timing import median_time
 
-from actfirst.user_input import check_writable_file, command
+from actfirst.core.user_input import check_writable_file, command
+from actfirst.kernels.dispatch import ppo_loss
+from actfirst.kernels.ppo_loss import ppo_loss_reference
 
 BYTES_PER_TOKEN = 28
 
@@ -83,8 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             gbps = BYTES_PER_TOKEN * n / seconds / 1e9
             rows.append({"provider": name, "n": n, "ms": seconds * 1e3, "gb_per_s": gbps,
                          "pct_of_copy_bandwidth": 100 * gbps / ceiling})
-            print(f"  N={n:8d} {name:8s} {seconds * 1e3:8.3f} ms {gbps:7.1f} GB/s ({100 * gbps / ceiling:.0f}% of copy; "
-                  f"the copy bound is {BYTES_PER_TOKEN * n / ceiling / 1e6:.3f} ms)", flush=True)
+            print(f"  N={n:8d} {name:8s} {seconds * 1e3:8.3f} ms {gbps:7.1f} GB/s ({100 * gbps / ceiling:.0f}% of "
+                  f"copy; the copy bound is {BYTES_PER_TOKEN * n / ceiling / 1e6:.3f} ms)", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": dev, "copy_gb_per_s": ceiling, "bytes_per_token": BYTES_PER_TOKEN,

@@ -57,7 +57,7 @@ def spread(rows: list[dict[str, Any]]) -> dict[str, float | None]:
         return {"sr_var": None, "eval_var": None, "train_var": None, "gap_sr_corr": None}
     srs = [r["last_sr"] for r in rows]
     sr_var = statistics.variance(srs)
-    eval_var = statistics.fmean(sr * (100 - sr) / r["episodes"] for sr, r in zip(srs, rows))
+    eval_var = statistics.fmean(sr * (100 - sr) / r["episodes"] for sr, r in zip(srs, rows, strict=True))
     gaps = [r["probe_gaps"][1] for r in rows if r["probe_gaps"]]
     corr = statistics.correlation(gaps, srs) if len(gaps) == len(rows) and len(set(gaps)) > 1 else None
     return {"sr_var": sr_var, "eval_var": eval_var, "train_var": max(0.0, sr_var - eval_var), "gap_sr_corr": corr}

@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from actfirst.core.user_input import check_writable_file, command
 from actfirst.envs.benchmarks import BENCHMARKS, load_benchmark
 from actfirst.envs.workers import EnvPool, EnvWorker
-from actfirst.user_input import check_writable_file, command
 
 
 async def replay(worker: EnvWorker, task, actions: list[str], lists: bool) -> tuple[float, list[float]]:
@@ -43,12 +43,12 @@ async def measure(benchmark, tasks: list, rounds: int) -> dict:
     with EnvPool(benchmark.env_spec(), 1) as pool:
         worker = pool.workers[0]
         paths = [(await benchmark.candidates(worker, task))[0][1] for task in tasks]
-        for task, actions in zip(tasks, paths):  # warm-up: a cold JVM is several times slower
+        for task, actions in zip(tasks, paths, strict=True):  # warm-up: a cold JVM is several times slower
             await replay(worker, task, actions, True)
         times = {True: ([], []), False: ([], [])}
         for r in range(rounds):
             for lists in (True, False) if r % 2 == 0 else (False, True):
-                for task, actions in zip(tasks, paths):
+                for task, actions in zip(tasks, paths, strict=True):
                     reset_s, steps = await replay(worker, task, actions, lists)
                     times[lists][0].append(reset_s)
                     times[lists][1].extend(steps)

@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
+from actfirst.core.user_input import check_writable_file, command
 from actfirst.envs.benchmarks import BENCHMARKS, load_benchmark, select_tasks
 from actfirst.envs.workers import EnvPool
-from actfirst.user_input import check_writable_file, command
 
 
 async def warm_up(pool: EnvPool, tasks: list) -> None:

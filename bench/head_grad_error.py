@@ -19,10 +19,10 @@ import sys
 from pathlib import Path
 
 import torch
+
+from actfirst.core.user_input import check_writable_file, command
 from actfirst.kernels.dispatch import last_path, ppo_loss_from_hidden
 from actfirst.kernels.ppo_loss import ppo_loss_reference
-
-from actfirst.user_input import check_writable_file, command
 
 QWEN3_V, QWEN3_H = 151_936, {"0.6B": 1024, "1.7B": 2048, "4B": 2560, "8B": 4096}
 SHRUNKEN_V, SHRUNKEN_H_DIVISOR = 1000, 64

@@ -25,11 +25,11 @@ import time
 
 from safetensors.torch import load_file
 
-from actfirst.config import EngineConfig, SchedulerConfig
+from actfirst.core.config import EngineConfig, SchedulerConfig
+from actfirst.core.files import write_atomically
+from actfirst.core.user_input import check_model_dir, check_writable_file, command, positive_int
 from actfirst.engine.core import ActFirstEngine
 from actfirst.engine.request import RequestKind, SamplingSpec
-from actfirst.files import write_atomically
-from actfirst.user_input import check_model_dir, check_writable_file, command, positive_int
 
 MODES = {"requeue": False, "keep": True}
 
@@ -41,7 +41,7 @@ async def one_run(engine: ActFirstEngine, weights: dict, lengths: list[int], pro
     start = time.perf_counter()
     futures = [engine.submit(p, RequestKind.FULL_RESPONSE, SamplingSpec(max_tokens=n, min_tokens=n, ignore_eos=True,
                                                                           seed=i))
-               for i, (p, n) in enumerate(zip(prompts, lengths))]
+               for i, (p, n) in enumerate(zip(prompts, lengths, strict=True))]
     target = counters[0] + round(at * sum(lengths))
     while engine.num_generated_tokens < target:
         await asyncio.sleep(0)

@@ -42,13 +42,13 @@ import sys
 from pathlib import Path
 
 import yaml
-
-from actfirst.config import ConfigError, TrainConfig
-from actfirst.rollout.strategies import STRATEGIES
-from actfirst.schema import load_config, paths_unchecked
-from actfirst.user_input import command
 from activation_probe import OUT as ACTIVATIONS
 from activation_probe import SHAPES
+
+from actfirst.core.config import ConfigError, TrainConfig
+from actfirst.core.schema import load_config, paths_unchecked
+from actfirst.core.user_input import command
+from actfirst.rollout.strategies import STRATEGIES
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = Path(__file__).with_name("memory_targets.yaml")

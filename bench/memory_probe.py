@@ -34,8 +34,8 @@ import torch
 from memory_plan import load_activations, packed_row, student_update_gib
 from train_step import ATTENTION, SHAPES, Meter, set_attention, student
 
-from actfirst.files import write_atomically
-from actfirst.user_input import check_writable_file, command
+from actfirst.core.files import write_atomically
+from actfirst.core.user_input import check_writable_file, command
 
 MiB = 2**20
 RESPONSE_TOKENS = 512
@@ -56,7 +56,7 @@ def predicted_mib(shape: str, tokens: int, samples: int, attention: str, checkpo
 def row_samples(tokens: int, samples: int, vocab: int, seed: int) -> list:
     """``samples`` samples of ``tokens`` // ``samples`` tokens each (a response of at most 512 at the end), with
     random ids, sampling and teacher log-probs: one packed row of the trainer."""
-    from actfirst.sample import Sample
+    from actfirst.rollout.sample import Sample
 
     gen = torch.Generator().manual_seed(seed)
     length = tokens // samples
@@ -105,7 +105,8 @@ def markdown_row(c: dict) -> str:
         return where + f"{c['error']} | - | {predicted} | - | - |"
     ratio = ("- (CPU: RSS)" if not c["measured"] else "-" if c["predicted_mib"] is None
              else f"{c['allocated_mib'] / c['predicted_mib']:.2f}")
-    return where + f"{c['allocated_mib']:,.0f} | {c['reserved_mib']:,.0f} | {predicted} | {ratio} | {c['seconds']:.2f} |"
+    return where + (f"{c['allocated_mib']:,.0f} | {c['reserved_mib']:,.0f} | {predicted} | {ratio} | "
+                    f"{c['seconds']:.2f} |")
 
 
 HEADER = ("| student | row (samples x tokens) | attention | checkpointing | allocated peak MiB | reserved peak MiB | "
@@ -114,7 +115,7 @@ HEADER = ("| student | row (samples x tokens) | attention | checkpointing | allo
 
 def probe(args: argparse.Namespace) -> dict:
     """Every case (see the module docstring); writes ``--out`` after each and prints its row."""
-    from actfirst.config import LossConfig, OptimConfig
+    from actfirst.core.config import LossConfig, OptimConfig
     from actfirst.parallel.context import init_parallel
     from actfirst.train.student import StudentUpdater
 

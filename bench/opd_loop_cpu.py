@@ -26,15 +26,15 @@ from pathlib import Path
 
 import torch
 
-from actfirst.config import ModelConfig, TrainConfig
+from actfirst.core.config import ModelConfig, TrainConfig
+from actfirst.core.schema import load_config
+from actfirst.core.user_input import check_writable_dir, command
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.models.build import build_model
-from actfirst.reference_cache import build_references
-from actfirst.schema import load_config
+from actfirst.preparation.reference_cache import build_references
 from actfirst.train.trainer import train
-from actfirst.user_input import check_writable_dir, command
 
 TEACHER_HEAD_SCALE = 6.0
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 
 
@@ -21,7 +22,7 @@ def rate_at(rates: dict[int, float], concurrency: float) -> float:
     points = sorted(rates.items())
     if concurrency <= points[0][0]:
         return points[0][1] * concurrency / points[0][0]
-    for (c0, r0), (c1, r1) in zip(points, points[1:]):
+    for (c0, r0), (c1, r1) in itertools.pairwise(points):
         if concurrency <= c1:
             return r0 + (r1 - r0) * (concurrency - c0) / (c1 - c0)
     return points[-1][1]
@@ -84,9 +85,9 @@ def estimates(*, num_tasks: int, num_batches: int, turns: int, fast_tokens: int,
     for b in range(num_batches):
         fast, full = lat_fast[b * n:(b + 1) * n], lat_full[b * n:(b + 1) * n]
         ideal_v += max(turns * f for f in full)  # Eq. 36
-        ideal_a += max((turns - 1) * a + max(a, f) for a, f in zip(fast, full))
-        dependency = max((turns - 1) * a + f for a, f in zip(fast, full))  # Eq. 22
-        slot_time = turns * sum(a + f for a, f in zip(fast, full)) / b_max  # Eq. 24
+        ideal_a += max((turns - 1) * a + max(a, f) for a, f in zip(fast, full, strict=True))
+        dependency = max((turns - 1) * a + f for a, f in zip(fast, full, strict=True))  # Eq. 22
+        slot_time = turns * sum(a + f for a, f in zip(fast, full, strict=True)) / b_max  # Eq. 24
         bound_conc += max(dependency, slot_time)  # Eq. 25
         bound_tput += max(dependency, n * turns * (fast_tokens + full_tokens) / rate)
     kw = dict(num_tasks=n, turns=turns, fast_tokens=fast_tokens, full_tokens=full_tokens, b_max=b_max, rates=rates)

@@ -35,13 +35,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch and vLLM start the
 from rollout_model import estimates  # noqa: E402
 from speedup_contexts import alfworld_contexts  # noqa: E402
 
-from actfirst.config import ModelConfig, RolloutSpeedupConfig, SchedulerConfig  # noqa: E402
+from actfirst.core.config import ModelConfig, RolloutSpeedupConfig, SchedulerConfig  # noqa: E402
+from actfirst.core.schema import load_config, paths_unchecked, to_dict  # noqa: E402
+from actfirst.core.user_input import check_writable_dir, command  # noqa: E402
 from actfirst.engine.core import ActFirstEngine, summarize_records  # noqa: E402
 from actfirst.engine.request import RequestKind, SamplingSpec  # noqa: E402
 from actfirst.models.build import build_model, environment_corpus  # noqa: E402
 from actfirst.models.hub import resolve_model  # noqa: E402
-from actfirst.schema import load_config, paths_unchecked, to_dict  # noqa: E402
-from actfirst.user_input import check_writable_dir, command  # noqa: E402
 
 FAST, FULL = RequestKind.FAST_ACTION, RequestKind.FULL_RESPONSE
 
@@ -151,7 +151,8 @@ async def decode_rate_sweep(engine, contexts, concurrencies, tokens, temperature
         engine.reconfigure(SchedulerConfig(b_max=c))
         prompts = [contexts[i % len(contexts)][1] for i in range(c)]
         start = time.perf_counter()
-        await asyncio.gather(*(engine.generate(p, FULL, spec(tokens, temperature, 17 + i)) for i, p in enumerate(prompts)))
+        await asyncio.gather(*(engine.generate(p, FULL, spec(tokens, temperature, 17 + i))
+                               for i, p in enumerate(prompts)))
         rates[c] = c * tokens / (time.perf_counter() - start)
         print(f"  decode rate at concurrency {c:4d}: {rates[c]:9.0f} tok/s", flush=True)
     return rates
@@ -290,7 +291,8 @@ def table(results: dict) -> str:
         lines.append(f"| {r['full_tokens']} | {r['b_max']} | {r['turns']} | {r['policy']} | "
                      f"{r['speedup_mean']:.2f}x ({r['speedup_sd']:.2f}) | {f'{paper:.2f}x' if paper else '-'} | "
                      f"{r['ideal']:.2f}x | {r['concurrency_bound']:.2f}x | {r['throughput_bound']:.2f}x "
-                     f"({r['pct_of_throughput_bound']:.0f}%) | {r['step_model']:.2f}x ({r['pct_of_step_model']:.0f}%) | "
+                     f"({r['pct_of_throughput_bound']:.0f}%) | "
+                     f"{r['step_model']:.2f}x ({r['pct_of_step_model']:.0f}%) | "
                      f"{r['fast_action_wait_p95_ms']:.1f} |")
     return "\n".join(lines)
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch and vLLM start their thread pools
 
-from actfirst.config import ConfigError, TrainConfig  # noqa: E402
+from actfirst.core.config import ConfigError, TrainConfig  # noqa: E402
+from actfirst.core.files import write_atomically  # noqa: E402
+from actfirst.core.schema import load_config, to_dict  # noqa: E402
+from actfirst.core.user_input import check_writable_file, command  # noqa: E402
 from actfirst.envs.benchmarks import get_benchmark  # noqa: E402
-from actfirst.files import write_atomically  # noqa: E402
-from actfirst.preparation import resolve_models  # noqa: E402
-from actfirst.schema import load_config, to_dict  # noqa: E402
+from actfirst.preparation.build import resolve_models  # noqa: E402
 from actfirst.train.speedup import between, read_run_figures, speedup_line  # noqa: E402
-from actfirst.user_input import check_writable_file, command  # noqa: E402
 
 
 async def measure(cfg: TrainConfig, *, episodes: int, turns: list[int] | None) -> dict:
@@ -38,7 +38,7 @@ async def measure(cfg: TrainConfig, *, episodes: int, turns: list[int] | None) -
 
     from actfirst.engine.core import ActFirstEngine
     from actfirst.envs.workers import EnvPool
-    from actfirst.reference_cache import load_references
+    from actfirst.preparation.reference_cache import load_references
     from actfirst.rollout.strategies import make_strategy
     from actfirst.train.calibration import IDLE, calibrate, fast_action_strategy, spread
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     own = None
     if args.runs is not None:
         figures = [read_run_figures(run) for run in args.runs]
-        for run, fig in zip(args.runs, figures):
+        for run, fig in zip(args.runs, figures, strict=True):
             if fig is None:
                 raise ConfigError(f"--runs: {run!r} has no finished run's rollout_model in its wall_clock.json")
         own = between(*figures)

@@ -14,10 +14,10 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from actfirst.config import RolloutSpeedupConfig
+from actfirst.core.config import RolloutSpeedupConfig
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
-from actfirst.prompts import Mode, build_prompt
+from actfirst.rollout.prompts import Mode, build_prompt
 
 T = TypeVar("T")
 
@@ -71,4 +71,5 @@ def alfworld_contexts(tokenizer, cfg: RolloutSpeedupConfig, *, workers: int = 8)
         return build_prompt(tokenizer, benchmark, mode, task_description=first.task_description, history=[],
                             current=first, budget_tokens=budget, limit_tokens=budget).token_ids
 
-    return [(render(first, Mode.NEXT_ACTION), render(first, Mode.FULL_RESPONSE)) for first in asyncio.run(first_turns())]
+    return [(render(first, Mode.NEXT_ACTION), render(first, Mode.FULL_RESPONSE))
+            for first in asyncio.run(first_turns())]

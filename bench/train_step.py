@@ -36,8 +36,8 @@ from pathlib import Path
 
 import torch
 
-from actfirst.files import write_atomically
-from actfirst.user_input import check_writable_file, command
+from actfirst.core.files import write_atomically
+from actfirst.core.user_input import check_writable_file, command
 
 SHAPES = {
     # hidden, layers, heads, kv heads, head_dim, intermediate, vocab, tied embeddings (Qwen3's config.json files)
@@ -96,7 +96,7 @@ def qwen3(shape: str, dtype: torch.dtype, device: torch.device, seed: int) -> to
 
 def batch(args: argparse.Namespace, rank: int, world: int, vocab: int) -> list:
     """This rank's share of a random batch of the paper's shape (the same global batch whatever the ranks)."""
-    from actfirst.sample import Sample
+    from actfirst.rollout.sample import Sample
 
     gen = torch.Generator().manual_seed(args.seed)
     out = []
@@ -177,10 +177,9 @@ def student(shape: str, *, compute_dtype: torch.dtype, attention: str, activatio
     """A randomly initialized student of ``shape`` as the trainer builds it: float32 master weights, the attention
     implementation, activation checkpointing per block (optional), FSDP2 over ``ctx.mesh`` computing in
     ``compute_dtype``. Returns the LMHeadModel."""
+    from actfirst.parallel.checkpointing import apply_activation_checkpointing
     from actfirst.parallel.fsdp import apply_fsdp
     from actfirst.train.head import LMHeadModel
-
-    from actfirst.parallel.checkpointing import apply_activation_checkpointing
 
     policy = LMHeadModel(qwen3(shape, torch.float32, ctx.device, seed))
     set_attention(policy.model, attention, compute_dtype)
@@ -197,9 +196,8 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 def run_rank(args: argparse.Namespace) -> dict | None:
     """Build the models, time ``--updates`` updates (and the checkpoint round trip); rank 0 returns the summary of
     every rank's figures."""
+    from actfirst.core.config import LossConfig, OptimConfig
     from actfirst.kernels.dispatch import last_path
-
-    from actfirst.config import LossConfig, OptimConfig
     from actfirst.parallel.context import all_gather_objects, init_parallel
     from actfirst.parallel.weight_sync import gathered_parameters
     from actfirst.train.student import StudentUpdater
@@ -324,7 +322,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], device: torch.device)
 
 
 def _peaks(allocated: list[float], reserved: list[float]) -> str:
-    return ", ".join(f"{a:,.0f} / {r:,.0f}" for a, r in zip(allocated, reserved))
+    return ", ".join(f"{a:,.0f} / {r:,.0f}" for a, r in zip(allocated, reserved, strict=True))
 
 
 def table(result: dict) -> str:

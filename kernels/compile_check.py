@@ -2,8 +2,9 @@
 
 Compiles every kernel at every launch configuration the dispatcher can choose (FWD_CONFIGS and the fixed launches
 in logprob_gather.py, lm_head.py, ppo_loss.py and ppo_loss_from_hidden.py), for each checked architecture and input
-dtype, with ``triton.compile`` and a ``GPUTarget``, then reads each cubin's resources with ``cuobjdump -res-usage`` (shipped in the triton wheel). A row
-fails on a register spill (stack or local memory) or on shared memory beyond the architecture's limit.
+dtype, with ``triton.compile`` and a ``GPUTarget``, then reads each cubin's resources with ``cuobjdump -res-usage``
+(shipped in the triton wheel). A row fails on a register spill (stack or local memory) or on shared memory beyond the
+architecture's limit.
 
     python -m actfirst.kernels.compile_check           # prints the table; exit status 1 when a row fails
     python -m actfirst.kernels.compile_check --json    # the rows as JSON

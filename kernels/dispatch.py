@@ -192,7 +192,8 @@ class _PPOLossFromHidden(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, compute):
         loss, grad_h, grad_w, logp, n_clip, n_dual = compute(hidden, weight, ctx.needs_input_grad[1])
-        ctx.grads = tuple(g if need else None for g, need in zip((grad_h, grad_w), ctx.needs_input_grad[:2]))
+        ctx.grads = tuple(g if need else None
+                          for g, need in zip((grad_h, grad_w), ctx.needs_input_grad[:2], strict=True))
         ctx.mark_non_differentiable(logp, n_clip, n_dual)
         return loss, logp, n_clip, n_dual
 

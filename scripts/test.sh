@@ -3,8 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+VENV=${ACTFIRST_VENV:-.venv}
+"$VENV/bin/ruff" check .  # the project's rules (pyproject.toml), before the tests
 export OMP_NUM_THREADS=1  # vLLM on 2-core CPUs; tests/conftest.py also sets TRITON_INTERPRET without a GPU
 # One pytest-xdist worker per CPU (at most 4), each taking whole files, so that a file's module fixtures (trained
 # models, simulators) are built once. The tests' processes run one thread each: one worker would leave CPUs idle.
-exec "${ACTFIRST_VENV:-.venv}/bin/python" -m pytest -q -p no:cacheprovider -n logical --maxprocesses 4 --dist loadfile \
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider -n logical --maxprocesses 4 --dist loadfile \
   tests "$@"

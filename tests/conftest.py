@@ -12,7 +12,7 @@ if shutil.which("nvidia-smi") is None:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from actfirst.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
+from actfirst.core.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from actfirst.engine.core import ActFirstEngine  # noqa: E402
 from actfirst.models.build import build_model  # noqa: E402
 

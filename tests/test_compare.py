@@ -13,7 +13,8 @@ import pytest
 from PIL import Image
 
 from actfirst.compare import main, parse_args
-from actfirst.comparison import (
+from actfirst.comparison.runs import run_order
+from actfirst.comparison.tables import (
     BOOTSTRAP_RESAMPLES,
     CHECKPOINT_EVALS,
     COMPARISON_SIZE,
@@ -36,11 +37,10 @@ from actfirst.comparison import (
     time_to_threshold,
     write_comparison,
 )
-from actfirst.comparison_runs import run_order
-from actfirst.config import ConfigError
-from actfirst.eval_report import EpisodeRecord, EvalReport, wilson_interval
+from actfirst.core.config import ConfigError
+from actfirst.core.schema import config_json
+from actfirst.evaluation.report import EpisodeRecord, EvalReport, wilson_interval
 from actfirst.rollout.strategies import STRATEGIES
-from actfirst.schema import config_json
 from actfirst.train.plots import DPI, WALL_CLOCK
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -82,7 +82,8 @@ def write_run(run_dir: Path, *, wall: float, transitions: int, evals: list[tuple
         (run_dir / WALL_CLOCK).write_text(json.dumps({"train_s": wall if final_s is None else final_s,
                                                       "eval_s": 6.0, "probe_s": 1.0, "updates": updates,
                                                       "rollout_model": None if rollout is None else dict(zip(
-                                                          ("measured_s_per_batch", "eq36_s_per_batch"), rollout))}))
+                                                          ("measured_s_per_batch", "eq36_s_per_batch"), rollout,
+                                                          strict=True))}))
     metrics = [{"update": u, "elapsed_s": wall * u / updates, "total_transitions": transitions * u // updates,
                 "transitions": transitions // updates, "rollout_s": 1.0, "score_s": 2.0, "update_s": 3.0,
                 "sync_s": 0.5}
@@ -247,8 +248,8 @@ def test_table(runs):
     assert lines[0] == ("| Method | Seeds | SR (%) | Round | Train (s) | Transitions | Transitions/s | Speedup vs "
                         "Vanilla OPD, same updates (paired t 95% CI) | Bootstrap 95% CI (cross-check) | "
                         "Transitions/s ratio / transitions ratio (Sec. 5.4) | Seeds reaching 40.0% | Time to it (s) | "
-                        "Speedup at it (paired t 95% CI, seeds) | Rollout speedup measured / Eq. 36 (each run's own records, "
-                        "paired t 95% CI) |")
+                        "Speedup at it (paired t 95% CI, seeds) | Rollout speedup measured / Eq. 36 "
+                        "(each run's own records, paired t 95% CI) |")
     assert len(lines) == 5
     # Sec. 5.4: transitions/s 5.00 / 2.18 (vanilla: 2.0 and 2.35) and transitions 650 / 700
     assert lines[2] == ("| Vanilla OPD | 2 | 45.0 ± 7.1 | 5.0 ± 0.0 | 320 ± 28 | 700 ± 141 | 2.18 ± 0.25 | 1.00x |  | "
@@ -437,7 +438,7 @@ def test_resume_refuses_a_run_of_another_config(tmp_path):
 
 
 def test_the_compare_section_is_checked():
-    from actfirst.preparation import load_run_config
+    from actfirst.preparation.build import load_run_config
 
     assert load_run_config(None, ["compare.threshold=55", "compare.checkpoint_every=3"]).compare.threshold == 55.0
     for item, why in (("compare.threshold=150", "compare.threshold=150"), ("compare.threshold=aut", "auto"),

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.config import ConfigError, RolloutSpeedupConfig, SchedulerConfig, TrainConfig, check_resumable
-from actfirst.schema import config_json, load_config, paths_unchecked
+from actfirst.core.config import ConfigError, RolloutSpeedupConfig, SchedulerConfig, TrainConfig, check_resumable
+from actfirst.core.schema import config_json, load_config, paths_unchecked
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 
@@ -127,7 +127,8 @@ def test_the_env_section_is_the_named_benchmarks_config():
 def test_a_config_written_before_env_is_refused_with_the_rename(section, tmp_path):
     """The sections configs had before ``env:`` (one per benchmark) are refused, saying what to rename."""
     path = tmp_path / "old.yaml"
-    path.write_text((CONFIGS / "demo" / "scienceworld_lifespan.yaml").read_text().replace("\nenv:\n", f"\n{section}:\n"))
+    path.write_text((CONFIGS / "demo" / "scienceworld_lifespan.yaml").read_text()
+                    .replace("\nenv:\n", f"\n{section}:\n"))
     with paths_unchecked(), pytest.raises(ConfigError) as err:
         load_config(TrainConfig, path)
     assert str(err.value) == f"{section}: rename this section to env: (benchmark: {section})"

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from actfirst.config import ConfigError, ModelConfig, RolloutSpeedupConfig, TrainConfig
+from actfirst.core.config import ConfigError, ModelConfig, RolloutSpeedupConfig, TrainConfig
+from actfirst.core.schema import load_config
 from actfirst.envs.benchmarks import BENCHMARKS as REGISTRY
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.rollout.strategies import STRATEGIES
-from actfirst.schema import load_config
-from actfirst.teacher_sft import TeacherSFTConfig
+from actfirst.teacher.sft import TeacherSFTConfig
 
 pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
 
@@ -165,8 +165,8 @@ def test_demo_config_builds_its_models_from_nothing():
     """The CPU demo's config: its student and (when not shipped) teacher are prepare's outputs, so it loads under
     ``paths_unchecked`` and names what prepare builds; the task set evaluates held-out variations of the trained
     types, at least 64 sampled episodes per evaluation."""
-    from actfirst.config import DEMO_CONFIG
-    from actfirst.preparation import load_run_config
+    from actfirst.core.config import DEMO_CONFIG
+    from actfirst.preparation.build import load_run_config
 
     cfg = load_run_config(None, [])
     assert Path(DEMO_CONFIG).is_file()
@@ -197,7 +197,7 @@ def test_demo_config_builds_its_models_from_nothing():
 ])
 def test_bad_values_are_refused_by_name(override, named):
     """Also where preparation may still build the paths (``paths_unchecked``): an empty path is never a path."""
-    from actfirst.preparation import load_run_config
+    from actfirst.preparation.build import load_run_config
 
     with pytest.raises(ConfigError) as err:
         load_run_config(None, [override])
@@ -205,7 +205,7 @@ def test_bad_values_are_refused_by_name(override, named):
 
 
 def test_sleep_needs_an_engine_that_is_idle_during_the_update():
-    from actfirst.preparation import load_run_config
+    from actfirst.preparation.build import load_run_config
 
     with pytest.raises(ConfigError, match=r"student.sleep_level=2: needs pipeline: serial, not inflight"):
         load_run_config(None, ["student.sleep_level=2", "pipeline=inflight"])

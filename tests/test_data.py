@@ -17,17 +17,25 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.config import TrainConfig
+from actfirst.core.config import TrainConfig
+from actfirst.core.schema import load_config
+from actfirst.core.user_input import ConfigError
 from actfirst.data import main
-from actfirst.downloads import BenchmarkData, Download, DownloadError, Progress, Source, fetch_data, fetch_file
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.alfworld.data import ALFWorldData, data_dir
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
 from actfirst.envs.search.data import SearchData
 from actfirst.envs.search.env import load_questions
 from actfirst.envs.webshop.data import WebShopData
-from actfirst.schema import load_config
-from actfirst.user_input import ConfigError
+from actfirst.preparation.downloads import (
+    BenchmarkData,
+    Download,
+    DownloadError,
+    Progress,
+    Source,
+    fetch_data,
+    fetch_file,
+)
 
 ROOT = Path(__file__).parents[1]
 PAPER = ROOT / "configs" / "train" / "alfworld" / "qwen3-1.7b.yaml"
@@ -328,7 +336,8 @@ def test_search_questions_become_the_files_its_config_reads(tmp_path):
                                                    for i, q in enumerate(questions)))
     SearchData().finish(tmp_path)
     train = load_questions([str(tmp_path / "train.jsonl")], "train_file")
-    assert [(t.data_source, t.question) for t in train] == [("nq", "who wrote hamlet?"), ("hotpotqa", "which is older?")]
+    assert [(t.data_source, t.question) for t in train] == [("nq", "who wrote hamlet?"),
+                                                            ("hotpotqa", "which is older?")]
     test = load_questions([str(tmp_path / "test.jsonl")], "test_files")
     assert [t.data_source for t in test] == ["hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "bamboogle"]
 

@@ -14,7 +14,7 @@ import sys
 import pytest
 from safetensors.torch import load_file
 
-from actfirst.config import EVAL_TEMPERATURE
+from actfirst.core.config import EVAL_TEMPERATURE
 
 SMALL_MODEL = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
                "head_dim": 32, "intermediate_size": 128}  # vLLM CPU attention needs head_dim >= 32

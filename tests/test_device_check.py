@@ -17,7 +17,7 @@ STEPS = ("kernel_tests", "train_step", "memory_probe", "head_grad_error", "logpr
 def _sections(fragment: str) -> dict[str, str]:
     """The fragment's ``### <step>`` sections by step name."""
     parts = re.split(r"^### (\w+)$", fragment, flags=re.MULTILINE)
-    return dict(zip(parts[1::2], parts[2::2]))
+    return dict(zip(parts[1::2], parts[2::2], strict=True))
 
 
 def test_shrunken_device_check_runs_every_step_and_writes_its_rows(tmp_path):

@@ -65,7 +65,7 @@ def links(path: Path) -> list[tuple[int, str]]:
 
 def _broken(page: Path) -> list[str]:
     problems = []
-    for number, target in links(page):
+    for _number, target in links(page):
         if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
             continue
         file_part, _, anchor = target.partition("#")

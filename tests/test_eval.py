@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import EvaluationConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
+from actfirst.core.config import EvaluationConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.alfworld.env import ALFWorldTask
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.eval_report import (
+from actfirst.evaluation.evaluate import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
+from actfirst.evaluation.report import (
     EpisodeRecord,
     EvalReport,
     difference_interval,
@@ -30,7 +31,6 @@ from actfirst.eval_report import (
     sr_change,
     wilson_interval,
 )
-from actfirst.evaluation import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
 
 MAX_TURNS = 2
 # Training budget 8/12 tokens, evaluation budget 24/32: an evaluation response can exceed the training total.
@@ -115,8 +115,8 @@ def test_the_evaluation_budget_is_used(report, engine, tiny_model_dir, alfworld_
     assert limit >= ROLLOUT.max_prompt_tokens + BUDGET.eval_total
     too_long = dataclasses.replace(ROLLOUT, max_prompt_tokens=limit - BUDGET.eval_total + 1)
     with pytest.raises(ValueError, match=f"eval_total=32 = {limit + 1} exceeds the engine's max_model_len={limit}"):
-        asyncio.run(evaluate(engine, tokenizer, get_benchmark("alfworld", ALFWorldConfig(games="generated")), alfworld_games,
-                             rollout=too_long, progress=False))
+        asyncio.run(evaluate(engine, tokenizer, get_benchmark("alfworld", ALFWorldConfig(games="generated")),
+                             alfworld_games, rollout=too_long, progress=False))
 
 
 def test_a_seed_reproduces_its_run_and_seeds_differ(report, engine, tiny_model_dir, alfworld_games):
@@ -141,7 +141,7 @@ def test_a_seed_reproduces_its_run_and_seeds_differ(report, engine, tiny_model_d
     # No two episodes of any seeds share a sampling seed.
     stride = 2 * MAX_TURNS + BUDGET.eval_total + 2
     bases = sorted(episode_seed(s, i, stride) for s in EVAL_SEEDS for i in range(300))
-    assert all(b - a >= stride for a, b in zip(bases, bases[1:]))
+    assert all(b - a >= stride for a, b in zip(bases, bases[1:], strict=True))
 
 
 # -- statistics against hand computations ------------------------------------------------------------------------
@@ -260,7 +260,8 @@ def test_cli_on_the_tiny_model(tmp_path, tiny_model_dir, alfworld_games):
     out = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "actfirst.eval", "--checkpoint", str(tiny_model_dir), "--benchmark", "alfworld",
            "--tasks", "2", "--seeds", "42", "--out", str(out), "--max-in-flight", "2",
-           "games=generated", f"generated_dir={generated}", "games_per_type=1", "max_turns=2", "rollout.max_prompt_tokens=900",
+           "games=generated", f"generated_dir={generated}", "games_per_type=1", "max_turns=2",
+           "rollout.max_prompt_tokens=900",
            "rollout.budget.eval_first_stage=16", "rollout.budget.eval_total=24", "engine.max_model_len=1024",
            "engine.kv_cache_gib=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -1,8 +1,8 @@
 """A short run of the CPU demo's config (the shipped warm start, teacher and references; two updates, two evaluated
 episodes per update) and what comes after it: ``python -m actfirst.eval --config`` re-evaluates its final checkpoint
-on two ranks and gets the run's own final evaluation episode by episode; ``keep_best`` kept the checkpoint of the best SR beside
-the newest; ``python -m actfirst.export`` makes a Hugging Face model of the checkpoint that transformers and the
-engine (real vLLM) load and that gives the checkpoint's log-probs (float32 exactly, bfloat16 within its rounding).
+on two ranks and gets the run's own final evaluation episode by episode; ``keep_best`` kept the checkpoint of the best
+SR beside the newest; ``python -m actfirst.export`` makes a Hugging Face model of the checkpoint that transformers and
+the engine (real vLLM) load and that gives the checkpoint's log-probs (float32 exactly, bfloat16 within its rounding).
 
 Real parts throughout: ScienceWorld, the in-process vLLM engine, the demo's Qwen3-architecture models."""
 
@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from actfirst.config import DEMO_CONFIG
+from actfirst.core.config import DEMO_CONFIG
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = ["train_tasks=2", "num_updates=2", "batch_samples=2", "num_minibatches=1", "rollout.batch_tasks=2",
@@ -26,7 +26,7 @@ RUN = ["train_tasks=2", "num_updates=2", "batch_samples=2", "num_minibatches=1",
 TRAINING_STATE = {"optimizer", "trainer_state.pt", "rank_00000.pt", "checkpoint.json"}
 ENGINE_LOGPROBS = r'''
 import asyncio, json, sys
-from actfirst.config import EngineConfig, SchedulerConfig
+from actfirst.core.config import EngineConfig, SchedulerConfig
 from actfirst.engine.core import ActFirstEngine
 from actfirst.engine.request import RequestKind, SamplingSpec
 
@@ -184,7 +184,7 @@ def test_export_refusals(run, tmp_path):
 def test_the_model_card_names_a_hub_base_model_by_id_and_commit(tmp_path):
     """A student resolved from the Hub runs from its cache snapshot; the card names the id and the commit, not the
     snapshot's path."""
-    from actfirst.exporting import model_card
+    from actfirst.models.export import model_card
 
     commit = "0123456789abcdef0123456789abcdef01234567"
     snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-1.7B" / "snapshots" / commit

@@ -1,11 +1,12 @@
-"""Preparation on every rank, without an engine: the journals a killed preparation resumes from (``actfirst.journal``)
-and the command line's refusals. The rollouts on real engines and simulators: tests/test_teacher_rollouts.py."""
+"""Preparation on every rank, without an engine: the journals a killed preparation resumes from
+(``actfirst.core.journal``) and the command line's refusals. The rollouts on real engines and simulators:
+tests/test_teacher_rollouts.py."""
 
 import json
 
 import pytest
 
-from actfirst.journal import Journal, format_eta, journal_path, journal_paths, read_journals, remove_journals
+from actfirst.core.journal import Journal, format_eta, journal_path, journal_paths, read_journals, remove_journals
 from actfirst.prepare import main as prepare_main
 
 

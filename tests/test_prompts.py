@@ -8,7 +8,7 @@ import pytest
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
 from actfirst.models.tokenizers import build_qwen3_tokenizer
-from actfirst.prompts import Mode, PromptTooLong, Step, build_prompt, render
+from actfirst.rollout.prompts import Mode, PromptTooLong, Step, build_prompt, render
 
 pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
 
@@ -51,7 +51,7 @@ def test_excerpt_is_the_papers_text():
 
 @pytest.mark.parametrize("benchmark", B1)
 def test_templates_are_the_papers_word_for_word(benchmark):
-    for mode, paper in zip(MODES, paper_templates(benchmark)):
+    for mode, paper in zip(MODES, paper_templates(benchmark), strict=True):
         head, with_history, _, tail = BENCHMARKS[benchmark].templates[mode]
         ours = (head + with_history + tail).replace("{{", "{").replace("}}", "}")
         assert squeeze(ours) == squeeze(paper), (benchmark, mode)

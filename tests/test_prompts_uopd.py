@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.config import TrainConfig
+from actfirst.core.config import TrainConfig
+from actfirst.core.schema import load_config
+from actfirst.core.user_input import ConfigError
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
 from actfirst.models.tokenizers import build_qwen3_tokenizer
-from actfirst.prompts import Mode, PromptTooLong, Step, build_prompt
-from actfirst.schema import load_config
-from actfirst.user_input import ConfigError
+from actfirst.rollout.prompts import Mode, PromptTooLong, Step, build_prompt
 
 pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
 

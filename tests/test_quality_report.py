@@ -8,7 +8,7 @@ import pytest
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.base import EnvState, Transition
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.quality_report import (
+from actfirst.evaluation.quality_metrics import (
     EpisodeTrace,
     QualityEpisode,
     QualityReport,

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from actfirst.config import ConfigError
+from actfirst.core.config import ConfigError
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.alfworld.env import alfworld_tasks, walkthrough
 from actfirst.envs.benchmarks import get_benchmark
@@ -14,7 +14,7 @@ from actfirst.envs.checks import normalize_text
 from actfirst.envs.scienceworld.checks import normalize_scienceworld_observation
 from actfirst.envs.scienceworld.env import ScienceWorldTextEnv
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
-from actfirst.reference_cache import PartialCacheError, load_references, read_candidates
+from actfirst.preparation.reference_cache import PartialCacheError, load_references, read_candidates
 from actfirst.references import main
 
 SW_ARGS = ["build", "--benchmark", "scienceworld", "--task-types", "find-non-living-thing", "lifespan-longest-lived",

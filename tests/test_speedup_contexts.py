@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import EngineConfig, RolloutSpeedupConfig
+from actfirst.core.config import EngineConfig, RolloutSpeedupConfig
 from actfirst.envs.alfworld.config import ALFWorldConfig
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
@@ -39,7 +39,8 @@ def test_alfworld_contexts_are_the_games_first_turns(alfworld_games, tiny_model_
     (no reference), the full prompt think-then-act, both holding the game's own task and admissible actions."""
     root = Path(alfworld_games[0].game_file).parents[2]
     cfg = RolloutSpeedupConfig(engine=EngineConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=2048),
-                               contexts="alfworld", alfworld=ALFWorldConfig(games="generated", generated_dir=str(root), games_per_type=1),
+                               contexts="alfworld",
+                               alfworld=ALFWorldConfig(games="generated", generated_dir=str(root), games_per_type=1),
                                num_tasks=3, num_batches=2, full_response_tokens=[128], b_max=[4],
                                concurrency_sweep=[1, 4], seed=42)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -22,16 +22,22 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoTokenizer
 
-from actfirst.config import RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
+from actfirst.core.config import RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
+from actfirst.core.journal import journal_path, journal_paths
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
-from actfirst.reference_cache import read_candidates, replay
+from actfirst.preparation.reference_cache import read_candidates, replay
+from actfirst.preparation.teacher_candidates import (
+    MAX_REPEATS,
+    merge_candidates,
+    play_share,
+    rollout_seed,
+    teacher_candidates,
+    write_candidates,
+)
 from actfirst.rollout.runner import EpisodeResult, RolloutRunner
-from actfirst.journal import journal_path, journal_paths
-from actfirst.teacher_candidates import (MAX_REPEATS, merge_candidates, play_share, rollout_seed, teacher_candidates,
-                                       write_candidates)
 
 pytestmark = pytest.mark.engine
 
@@ -48,7 +54,8 @@ ROLLOUT = RolloutConfig(strategy="actfirst", max_prompt_tokens=2000, budget=BUDG
 
 def _chain_weights():
     """tests/rollout/conftest.py's ``chain_weights`` (that conftest is not visible from here)."""
-    spec = importlib.util.spec_from_file_location("_rollout_conftest", Path(__file__).parent / "rollout" / "conftest.py")
+    spec = importlib.util.spec_from_file_location("_rollout_conftest",
+                                                  Path(__file__).parent / "rollout" / "conftest.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.chain_weights
@@ -281,7 +288,7 @@ def test_a_killed_preparation_resumes_with_the_missing_tasks_only(one_rank, teac
 def test_cli_resumes_from_its_journal_and_writes_out_at_the_end(tiny_model_dir, tmp_path):
     """The command line journals each task: a journal left by a killed run (here one task's line, written by hand)
     is not played again, its candidates reach ``--out``, and the journal is gone once ``--out`` is written."""
-    from actfirst.evaluation import pick_tasks, serving_configs
+    from actfirst.evaluation.evaluate import pick_tasks, serving_configs
 
     overrides = ["max_turns=2", "rollout.max_prompt_tokens=900", "rollout.budget.total=32",
                  "rollout.budget.first_stage=24", "engine.max_model_len=1024"]

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-PROBE = ("import json, os, actfirst, torch; from actfirst.threads import thread_counts; "
+PROBE = ("import json, os, actfirst, torch; from actfirst.core.threads import thread_counts; "
          "print(json.dumps(thread_counts()))")
 
 

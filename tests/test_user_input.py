@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.config import DEMO_CONFIG, ConfigError
-from actfirst.user_input import check_model_dir, check_writable_dir, check_writable_file
+from actfirst.core.config import DEMO_CONFIG, ConfigError
+from actfirst.core.user_input import check_model_dir, check_writable_dir, check_writable_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TEACHER = ROOT / "assets" / "demo" / "teacher"
@@ -212,7 +212,7 @@ def test_a_hub_id_not_cached_offline_on_the_demo_config_is_refused_not_built(cap
 
 
 def test_the_demo_builds_only_into_its_own_directories(tmp_path):
-    from actfirst.preparation import check_inputs, load_run_config, models_to_build
+    from actfirst.preparation.build import check_inputs, load_run_config, models_to_build
 
     built = [f"prepare.build_models.teacher_dir={tmp_path / 't'}", f"prepare.build_models.student_dir={tmp_path / 's'}"]
     named = [f"teacher={tmp_path / 't'}", f"student.model={tmp_path / 's'}", f"out_dir={tmp_path / 'run'}"]
@@ -368,7 +368,7 @@ def test_alfworld_games_an_out_under_a_file(capsys, tmp_path):
 
 def test_the_demo_inputs_pass_every_check(tmp_path):
     """The checks refuse nothing a working run uses (the demo's teacher as the student: same tokenizer)."""
-    from actfirst.preparation import check_inputs, load_run_config
+    from actfirst.preparation.build import check_inputs, load_run_config
 
     check_inputs(load_run_config(None, [f"student.model={TEACHER}", f"out_dir={tmp_path / 'run'}"]))
     assert not (tmp_path / "run").exists()
@@ -547,8 +547,8 @@ def test_a_config_that_lacks_required_keys_names_the_file_and_the_keys(capsys, t
 
 
 def test_overrides_without_a_file_that_lack_required_keys():
-    from actfirst.config import TrainConfig
-    from actfirst.schema import load_config
+    from actfirst.core.config import TrainConfig
+    from actfirst.core.schema import load_config
 
     with pytest.raises(ConfigError) as err:
         load_config(TrainConfig, None, ["benchmark=scienceworld"])

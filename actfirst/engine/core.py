@@ -37,7 +37,7 @@ from collections.abc import Iterable
 
 import torch
 
-from actfirst.config import EngineConfig, SchedulerConfig
+from actfirst.core.config import EngineConfig, SchedulerConfig
 from actfirst.engine.llm import VLLMEngine
 from actfirst.engine.request import FINISH_REASONS, GenerationResult, Request, RequestKind, RequestStatus, SamplingSpec
 from actfirst.engine.scheduler import Scheduler
@@ -76,7 +76,8 @@ def summarize_records(records: list[RequestRecord]) -> dict[str, dict[str, float
         waits, lats = [r.queue_wait_s for r in recs], [r.latency_s for r in recs]
         summary[kind.name.lower()] = {
             "count": len(recs), "preemptions": sum(r.num_preemptions for r in recs),
-            "queue_wait_p50_ms": pct(waits, 0.5), "queue_wait_p95_ms": pct(waits, 0.95), "queue_wait_max_ms": 1e3 * max(waits),
+            "queue_wait_p50_ms": pct(waits, 0.5), "queue_wait_p95_ms": pct(waits, 0.95),
+            "queue_wait_max_ms": 1e3 * max(waits),
             "latency_p50_ms": pct(lats, 0.5), "latency_p95_ms": pct(lats, 0.95), "latency_max_ms": 1e3 * max(lats),
         }
     return summary

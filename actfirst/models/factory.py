@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from actfirst.config import ModelConfig
+from actfirst.core.config import ModelConfig
+from actfirst.core.schema import load_config
+from actfirst.core.user_input import check_writable_dir, command
 from actfirst.models.build import build_model
-from actfirst.schema import load_config
-from actfirst.user_input import check_writable_dir, command
 
 
 @command

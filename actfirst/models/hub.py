@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from actfirst.user_input import ConfigError, check_model_dir
+from actfirst.core.user_input import ConfigError, check_model_dir
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}")
 """What a Hub model repo id looks like (``Qwen/Qwen3-1.7B``): exactly one ``/``, neither part empty."""
@@ -59,7 +59,7 @@ def download_command(name: str, revision: str | None) -> str:
 def resolve_model(name: str, key: str, revision: str | None = None, *, download: bool = True,
                   revision_key: str = "revision") -> Path:
     """The local Hugging Face model directory that ``name`` (the value of config key or flag ``key``) stands for,
-    checked by :func:`~actfirst.user_input.check_model_dir`:
+    checked by :func:`~actfirst.core.user_input.check_model_dir`:
 
     - an existing directory is used as it is (a ``revision`` is then refused, except the commit of the Hub snapshot
       the directory is: a name resolved before, handed on);
@@ -87,8 +87,13 @@ def _snapshot(name: str, key: str, revision: str | None, download: bool, revisio
     """``snapshot_download`` of Hub model ``name``, its failures as one-line :class:`ConfigError` s."""
     import httpx2
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import (GatedRepoError, IncompleteSnapshotError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        IncompleteSnapshotError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
     where = f"{key}={name!r}"
     fetch = f"`{download_command(name, revision)}`"

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from actfirst.user_input import ConfigError
+from actfirst.core.user_input import ConfigError
 
 # Qwen2/Qwen3 pre-tokenizer split (single digits, unlike GPT-4's \p{N}{1,3}).
 QWEN_SPLIT_PATTERN = (
@@ -95,7 +95,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return dict(zip(bs, map(chr, cs)))
+    return dict(zip(bs, map(chr, cs), strict=True))
 
 
 def _merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
@@ -208,7 +208,7 @@ PROBE_CONVERSATIONS = (
      {"role": "user", "content": "You are in the hallway."}],
 )
 """Conversations whose chat-template rendering (generation prompt added, with and without thinking, as
-``actfirst.prompts`` renders prompts) two tokenizers must turn into the same ids."""
+``actfirst.rollout.prompts`` renders prompts) two tokenizers must turn into the same ids."""
 
 
 def tokenizer_differences(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase) -> list[str]:
@@ -252,7 +252,7 @@ def tokenizer_differences(a: PreTrainedTokenizerBase, b: PreTrainedTokenizerBase
 
 def _render(tokenizer: PreTrainedTokenizerBase, conversation: list[dict[str, str]], thinking: bool) -> list[int] | str:
     """The ids of ``conversation`` through ``tokenizer``'s chat template with the generation prompt (as
-    ``actfirst.prompts`` renders a prompt), or why there are none."""
+    ``actfirst.rollout.prompts`` renders a prompt), or why there are none."""
     if tokenizer.chat_template is None:
         return "no chat template"
     return list(tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=True,
@@ -263,14 +263,14 @@ def _difference(x: list[int] | str, y: list[int] | str) -> str:
     """Where two probes' ids part, for a message: a few ids of each from the first that differs."""
     if isinstance(x, str) or isinstance(y, str):
         return f"{x if isinstance(x, str) else 'ids'} vs {y if isinstance(y, str) else 'ids'}"
-    i = next((k for k, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    i = next((k for k, (p, q) in enumerate(zip(x, y, strict=False)) if p != q), min(len(x), len(y)))
     return f"from id {i} on, {x[i:i + 6]} vs {y[i:i + 6]} ({len(x)} vs {len(y)} ids)"
 
 
 def check_same_tokenizer(student: PreTrainedTokenizerBase, teacher: PreTrainedTokenizerBase, *, student_name: str,
                          teacher_name: str) -> None:
     """The teacher must score the student's exact token ids (B.4): a teacher tokenizer that differs is refused
-    (:class:`~actfirst.config.ConfigError`, naming both directories and what differs)."""
+    (:class:`~actfirst.core.config.ConfigError`, naming both directories and what differs)."""
     diffs = tokenizer_differences(student, teacher)
     if diffs:
         raise ConfigError(f"teacher={teacher_name!r}: its tokenizer differs from the student's "
@@ -280,7 +280,7 @@ def check_same_tokenizer(student: PreTrainedTokenizerBase, teacher: PreTrainedTo
 
 def check_tokenizers_match(student: str | os.PathLike, teacher: str | os.PathLike) -> None:
     """:func:`check_same_tokenizer` for two model directories (each already checked by
-    :func:`actfirst.user_input.check_model_dir`, so that a message blames the right side)."""
+    :func:`actfirst.core.user_input.check_model_dir`, so that a message blames the right side)."""
     from transformers import AutoTokenizer
 
     check_same_tokenizer(AutoTokenizer.from_pretrained(str(student)), AutoTokenizer.from_pretrained(str(teacher)),

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from actfirst.user_input import ConfigError
+from actfirst.core.user_input import ConfigError
 
 _CPU_GROUP: Any = None
 """The gloo group of every rank that the helpers below use (None: the default group, gloo already)."""

@@ -26,7 +26,7 @@ from actfirst.engine.core import ActFirstEngine
 from actfirst.engine.request import GenerationResult, RequestKind, SamplingSpec
 from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
 from actfirst.rollout.actions import check_not_aborted
-from actfirst.sample import Sample
+from actfirst.rollout.sample import Sample
 
 
 def second_stage_max_tokens(*, num_first: int, num_inserted: int, total: int, second_stage: int) -> int:

@@ -58,12 +58,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from actfirst.config import RolloutConfig
+from actfirst.core.config import RolloutConfig
 from actfirst.engine.core import ActFirstEngine
 from actfirst.envs.response_format import ResponseFormat
 from actfirst.rollout.budget import FullResponse, generate_full_response
+from actfirst.rollout.sample import SampleScorer
 from actfirst.rollout.strategies import UOPDConfig
-from actfirst.sample import SampleScorer
 
 
 @dataclasses.dataclass(slots=True)
@@ -102,7 +102,7 @@ def quantile_threshold(scores: list[float], rate: float) -> float:
 def uncertainty_score(kind: str, teacher_logprobs: list[float], student_logprobs: list[float],
                       loss_mask: list[int]) -> float:
     """delta_t of a proposal (see the module docstring), over its sampled tokens."""
-    pairs = [(t, s) for t, s, m in zip(teacher_logprobs, student_logprobs, loss_mask) if m]
+    pairs = [(t, s) for t, s, m in zip(teacher_logprobs, student_logprobs, loss_mask, strict=True) if m]
     if not pairs:
         raise ValueError("a proposal without sampled tokens has no uncertainty score")
     if kind == "teacher_confidence":

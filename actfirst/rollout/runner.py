@@ -42,17 +42,17 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from actfirst.config import RolloutConfig
+from actfirst.core.config import RolloutConfig
 from actfirst.engine.core import ActFirstEngine
 from actfirst.envs.base import EnvState, Reference, Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.workers import EnvError, EnvPool, EnvWorker, WorkerDied
-from actfirst.prompts import Mode, Prompt, PromptTooLong, Step, build_prompt
 from actfirst.rollout.actions import FastAction, generate_fast_action
 from actfirst.rollout.budget import FullResponse, generate_full_response
 from actfirst.rollout.intervention import Intervention, InterventionRecord, teacher_action
+from actfirst.rollout.prompts import Mode, Prompt, PromptTooLong, Step, build_prompt
+from actfirst.rollout.sample import Sample
 from actfirst.rollout.strategies import ActionSource, Guidance, RolloutStrategy
-from actfirst.sample import Sample
 
 
 @dataclasses.dataclass(slots=True)
@@ -219,7 +219,8 @@ class RolloutRunner:
         start = time.perf_counter()
         episodes = await asyncio.gather(*(self.run_episode(task, worker, seed=self._seed(batch_index, slot),
                                                            batch=max(0, batch_index - 1))
-                                          for slot, (task, worker) in enumerate(zip(tasks, self.pool.workers))))
+                                          for slot, (task, worker) in enumerate(
+                                              zip(tasks, self.pool.workers, strict=False))))
         sft_weight = self.intervention.cfg.sft_weight if self.intervention is not None else 0.0
         samples = [s for e in episodes for s in episode_samples(e, self.strategy.name, sft_weight=sft_weight)]
         return RolloutBatch(list(episodes), samples, time.perf_counter() - start)
@@ -410,7 +411,7 @@ def episode_samples(episode: EpisodeResult, strategy: str, *, sft_weight: float 
     scores = episode.proposal_scores or [None] * len(episode.contexts)
     samples = []
     for t, context, response, teacher, by_teacher, score in zip(turns, episode.contexts, episode.full_responses,
-                                                                 teachers, replaced, scores):
+                                                                 teachers, replaced, scores, strict=False):
         if not by_teacher:
             sample = response.to_sample(context, task=episode.task, turn=t, strategy=strategy)
             sample.teacher_logprobs = score

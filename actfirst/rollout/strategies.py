@@ -43,8 +43,8 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, Literal
 
+from actfirst.core.schema import check
 from actfirst.envs.checks import CheckResult
-from actfirst.schema import check
 
 
 class ActionSource(enum.Enum):
@@ -125,7 +125,7 @@ class RolloutStrategy:
 
     @classmethod
     def check_config(cls, cfg: Any) -> None:
-        """Refuse, by key and value (``actfirst.schema.check``), a training config (``TrainConfig``) this strategy
+        """Refuse, by key and value (``actfirst.core.schema.check``), a training config (``TrainConfig``) this strategy
         cannot run; its section checks its own values."""
 
     def start(self, batch: int = 0) -> Guidance:

@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from actfirst.sample import Sample
+from actfirst.rollout.sample import Sample
 
 
 class SampleBuffer:

@@ -27,11 +27,11 @@ from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
-from actfirst.config import RolloutConfig, SchedulerConfig
+from actfirst.core.config import RolloutConfig, SchedulerConfig
 from actfirst.engine.core import ActFirstEngine
 from actfirst.engine.request import RequestKind, SamplingSpec
-from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.base import Reference
+from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.workers import EnvPool, EnvWorker
 from actfirst.rollout.runner import EpisodeResult, RolloutRunner
 from actfirst.rollout.strategies import RolloutStrategy, make_strategy

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from actfirst.files import fsync_path
+from actfirst.core.files import fsync_path
 from actfirst.parallel.context import all_gather_objects, broadcast_object
 
 _TMP = ".tmp-"

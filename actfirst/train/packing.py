@@ -26,9 +26,9 @@ import importlib.util
 
 import torch
 
+from actfirst.core.user_input import ConfigError
 from actfirst.parallel.context import reduce_max
-from actfirst.sample import Sample
-from actfirst.user_input import ConfigError
+from actfirst.rollout.sample import Sample
 
 # The attention implementations whose masks honour position_ids restarts (transformers 5.x masking_utils).
 PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
@@ -127,10 +127,11 @@ def pack(samples: list[Sample], max_tokens: int) -> list[MicroBatch]:
         sft = [samples[i].sft_weight > 0 for i in row]
         out.append(MicroBatch(
             input_ids=input_ids, position_ids=torch.tensor(pos_ids, dtype=torch.long), positions=pos, targets=targets,
-            mask=torch.tensor([0 if is_sft else m for i, is_sft in zip(row, sft) for m in samples[i].loss_mask],
+            mask=torch.tensor([0 if is_sft else m
+                               for i, is_sft in zip(row, sft, strict=True) for m in samples[i].loss_mask],
                               dtype=torch.float32),
             sft_weight=torch.tensor([m * samples[i].sft_weight if is_sft else 0.0
-                                     for i, is_sft in zip(row, sft) for m in samples[i].loss_mask],
+                                     for i, is_sft in zip(row, sft, strict=True) for m in samples[i].loss_mask],
                                     dtype=torch.float32),
             logp_old=torch.tensor([x for i in row for x in samples[i].logprobs], dtype=torch.float32),
             logp_teacher=teacher, sample_idx=torch.tensor(sample_idx, dtype=torch.long), samples=row))

@@ -37,6 +37,7 @@ from __future__ import annotations
 import collections
 import math
 import os
+
 import torch
 
 YIELD_WINDOW = 10
@@ -56,7 +57,7 @@ class SampleYield:
 
     def per_episode(self) -> float | None:
         """Samples per episode over the window (None before any batch, or when no episode gave a sample)."""
-        episodes, samples = (sum(x) for x in zip(*self.window)) if self.window else (0, 0)
+        episodes, samples = (sum(x) for x in zip(*self.window, strict=True)) if self.window else (0, 0)
         return samples / episodes if episodes and samples else None
 
     def tasks_for(self, need: int, most: int) -> int:

@@ -123,7 +123,7 @@ def plot_training_curve(out_dir: str | Path, *, teacher_sr: float | None = None,
         points = [(r["elapsed_s"], r[key]) for r in metrics
                   if r.get(key) is not None and r.get("elapsed_s") is not None]
         if points:
-            ax_gap.plot(*zip(*points), label=label, **style)
+            ax_gap.plot(*zip(*points, strict=True), label=label, **style)
             drawn = True
     if drawn:
         ax_gap.axhline(0.0, color="black", linewidth=0.5)

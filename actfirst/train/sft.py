@@ -15,7 +15,7 @@ by generation as on a GPU), ``decided`` (as long: the step first, then the conte
 (the task and the action commands restated, then the short thought: about 150 tokens, the same at every step but
 the decision).
 
-Prompts are rendered by :func:`actfirst.prompts.build_prompt`, the same code the rollouts use, from transitions
+Prompts are rendered by :func:`actfirst.rollout.prompts.build_prompt`, the same code the rollouts use, from transitions
 replayed in the simulator (the cache's transitions are slimmed: no admissible list, no object aliases).
 """
 
@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.response_format import ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE, THINK_OPEN
-from actfirst.prompts import Mode, Step, build_prompt, render
-from actfirst.reference_cache import replay
-from actfirst.sample import Sample
+from actfirst.preparation.reference_cache import replay
+from actfirst.rollout.prompts import Mode, Step, build_prompt, render
+from actfirst.rollout.sample import Sample
 from actfirst.train.packing import final_hidden, pack
 
 ALL_MODES = (Mode.FULL_RESPONSE, Mode.NEXT_ACTION, Mode.INVERSE_DYNAMICS)

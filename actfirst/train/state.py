@@ -27,8 +27,13 @@ from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, se
 
 from actfirst.parallel.context import ParallelContext
 from actfirst.parallel.weight_sync import gathered_parameters
-from actfirst.train.checkpoint import (TRAINER_STATE, CheckpointError, checkpoint_transaction, load_checkpoint,
-                                       save_plain)
+from actfirst.train.checkpoint import (
+    TRAINER_STATE,
+    CheckpointError,
+    checkpoint_transaction,
+    load_checkpoint,
+    save_plain,
+)
 from actfirst.train.head import LMHeadModel
 
 OPTIMIZER_DIR = "optimizer"

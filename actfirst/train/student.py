@@ -31,17 +31,18 @@ are reduced over ranks: every rank returns the same global figures.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from typing import Any
 
 import torch
 
-from actfirst.config import LossConfig, OptimConfig
+from actfirst.core.config import LossConfig, OptimConfig
 from actfirst.kernels.dispatch import logprob_gather, ppo_loss_from_hidden
 from actfirst.parallel.context import reduce_max, reduce_sum
 from actfirst.parallel.fsdp import total_grad_norm
-from actfirst.sample import Sample
+from actfirst.rollout.sample import Sample
 from actfirst.train.head import LMHeadModel
 from actfirst.train.packing import MicroBatch, pack, pad_across_ranks
 
@@ -259,7 +260,8 @@ class StudentUpdater:
             share = weights[k] / sum(weights) if sum(weights) else 1.0 / len(weights)
             loss += step_loss * share
             sft += reduce_sum([stats.sft_loss])[0] * share
-            clipped, dual, tokens = clipped + stats.num_clipped, dual + stats.num_dual_clipped, tokens + stats.num_tokens
+            clipped, dual, tokens = (clipped + stats.num_clipped, dual + stats.num_dual_clipped,
+                                     tokens + stats.num_tokens)
             norms.append(norm)
             skipped += not stepped
             self.optimizer.zero_grad(set_to_none=True)
@@ -274,7 +276,7 @@ class StudentUpdater:
                  ) -> dict[str, float]:
         """The update's figures over all ranks."""
         opd = [s for s in samples if s.sft_weight == 0]
-        gaps = [t - o for s in opd for m, t, o in zip(s.loss_mask, s.teacher_logprobs, s.logprobs) if m]
+        gaps = [t - o for s in opd for m, t, o in zip(s.loss_mask, s.teacher_logprobs, s.logprobs, strict=True) if m]
         lag = sum(current_version - s.weight_version for s in samples)
         (n_sup, gap_sum, n_samples, lag_sum, clipped, dual, tokens, mism_sum, mism_n, n_sft) = reduce_sum(
             [len(gaps), sum(gaps), len(samples), lag, clipped, dual, tokens, mismatch.total, mismatch.count,
@@ -312,4 +314,4 @@ def split_evenly(samples: list[Sample], parts: int) -> list[list[Sample]]:
     bounds = [0]
     for k in range(parts):
         bounds.append(bounds[-1] + size + (k < extra))
-    return [samples[a:b] for a, b in zip(bounds, bounds[1:])]
+    return [samples[a:b] for a, b in itertools.pairwise(bounds)]

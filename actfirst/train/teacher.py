@@ -16,15 +16,15 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from actfirst.core.user_input import check_model_dir
 from actfirst.kernels.dispatch import logprob_gather
 from actfirst.models.loading import empty_model, load_weights
 from actfirst.models.tokenizers import check_same_tokenizer
 from actfirst.parallel.context import ParallelContext
 from actfirst.parallel.fsdp import apply_fsdp
-from actfirst.sample import Sample
+from actfirst.rollout.sample import Sample
 from actfirst.train.head import LMHeadModel
 from actfirst.train.packing import attention_implementation, pack, pad_across_ranks
-from actfirst.user_input import check_model_dir
 
 
 def _load_tokenizer(tok: str | Path | PreTrainedTokenizerBase) -> tuple[PreTrainedTokenizerBase, str]:

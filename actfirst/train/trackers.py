@@ -21,8 +21,8 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar
 
-from actfirst.files import write_atomically
-from actfirst.schema import check
+from actfirst.core.files import write_atomically
+from actfirst.core.schema import check
 
 
 @dataclasses.dataclass(frozen=True)

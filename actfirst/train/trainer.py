@@ -54,16 +54,17 @@ from tqdm import tqdm
 from transformers import AutoTokenizer
 from transformers.utils import logging as hf_logging
 
-from actfirst.config import ConfigError, TrainConfig, check_resumable
+from actfirst.core.config import ConfigError, TrainConfig, check_resumable
+from actfirst.core.files import write_atomically
+from actfirst.core.logs import route_vllm_logs
+from actfirst.core.schema import config_json, to_dict
 from actfirst.engine.core import ActFirstEngine, RequestRecord, summarize_records
 from actfirst.engine.request import RequestKind, SamplingSpec
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
-from actfirst.eval_report import teacher_summary
-from actfirst.evaluation import merge_reports, run_evaluation
-from actfirst.files import write_atomically
+from actfirst.evaluation.evaluate import merge_reports, run_evaluation
+from actfirst.evaluation.report import teacher_summary
 from actfirst.kernels.dispatch import last_path
-from actfirst.logs import route_vllm_logs
 from actfirst.models.loading import empty_model, host_peak_gib, load_weights
 from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.parallel.context import (
@@ -76,12 +77,11 @@ from actfirst.parallel.context import (
 )
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
-from actfirst.reference_cache import load_references
+from actfirst.preparation.reference_cache import load_references
 from actfirst.rollout.intervention import Intervention, InterventionRecord, intervention_metrics
 from actfirst.rollout.runner import RolloutBatch, RolloutRunner
+from actfirst.rollout.sample import Sample
 from actfirst.rollout.strategies import make_strategy
-from actfirst.sample import Sample
-from actfirst.schema import config_json, to_dict
 from actfirst.train.buffer import SampleBuffer
 from actfirst.train.checkpoint import latest_checkpoint, record_best, restore_rng, rng_state, truncate_metrics
 from actfirst.train.clock import CLOCK, SPEEDUP_FIGURE, RunClock, account
@@ -607,7 +607,7 @@ class Trainer:
         tokens, logps = answers[0]
         spread = 0.0
         for other_tokens, other_logps in answers[1:]:
-            for t, u, a, b in zip(tokens, other_tokens, logps, other_logps):
+            for t, u, a, b in zip(tokens, other_tokens, logps, other_logps, strict=False):
                 spread = max(spread, abs(a - b))
                 if t != u:
                     break
@@ -624,9 +624,10 @@ class Trainer:
         responses = await asyncio.gather(*(self.runner.full_response(c, seed=10_007 + 97 * self.ctx.rank + i)
                                            for i, c in enumerate(self.probe_contexts)))
         samples = [r.to_sample(c, task="probe", turn=0, strategy="probe")
-                   for c, (r, _) in zip(self.probe_contexts, responses)]
+                   for c, (r, _) in zip(self.probe_contexts, responses, strict=True)]
         self.teacher.score(samples)
-        diffs = [t - s for x in samples for t, s, m in zip(x.teacher_logprobs, x.logprobs, x.loss_mask) if m]
+        diffs = [t - s for x in samples
+                 for t, s, m in zip(x.teacher_logprobs, x.logprobs, x.loss_mask, strict=True) if m]
         total, count = reduce_sum([sum(diffs), len(diffs)])
         gap = total / count if count else math.nan
         self.probe_gaps.append(gap)
@@ -646,7 +647,7 @@ class Trainer:
                            *[window[k] for k in keys]])  # one collective for every count of the update
         n = len(counts)
         transitions, batches, generated, discarded, carried, buffered, dropped, early = (int(x) for x in sums[:n])
-        times = dict(zip(SPEEDUP_FIELDS, sums[n:n + len(SPEEDUP_FIELDS)]))
+        times = dict(zip(SPEEDUP_FIELDS, sums[n:n + len(SPEEDUP_FIELDS)], strict=True))
         slowest = reduce_max([stats.rollout_s, stats.wall_s, stats.wait_s, stats.staleness, stats.ahead_s])
         per_rank = all_gather_objects({"rollout_s": stats.rollout_s, "transitions": stats.transitions,
                                        "failures": stats.failures, "records": stats.records,
@@ -659,7 +660,7 @@ class Trainer:
                     for f in p["failures"]]
         phases = {k: max(p[k] for p in per_rank) for k in PHASE_SECONDS if k in metrics}  # the slowest rank's
         record = {
-            **metrics, **phases, **rollout_rates(dict(zip(keys, sums[n + len(SPEEDUP_FIELDS):]))),
+            **metrics, **phases, **rollout_rates(dict(zip(keys, sums[n + len(SPEEDUP_FIELDS):], strict=True))),
             **self.clock.throughput(),
             **{f"speedup/{k}": v for k, v in speedups(times).items()},
             **{f"speedup/run_{k}": v for k, v in speedups(self.clock.rollout_times).items()},

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import Qwen3ForCausalLM
 
-from actfirst.config import SchedulerConfig
+from actfirst.core.config import SchedulerConfig
 from actfirst.engine.core import summarize_records
 from actfirst.engine.request import RequestKind, RequestStatus, SamplingSpec
 
@@ -114,7 +114,7 @@ def hf_logprobs(model_dir, weights, prompt, tokens, temperature):
     """log softmax(logits / temperature) of each generated token, from a float64 transformers forward."""
     model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
     if weights is not None:
-        model.load_state_dict({k: v.double() for k, v in weights.items()}, strict=False)
+        model.load_state_dict({k: v.double() for k, v in weights.items()}, strict=True)
     ids = torch.tensor([prompt + tokens])
     with torch.no_grad():
         logits = model(ids).logits[0, len(prompt) - 1 : -1] / temperature
@@ -169,7 +169,7 @@ def tied_reload_error(model_root: str) -> float:
     """In a process of its own (a second in-process engine would share vLLM's process-wide state with the session's
     engine): the largest |engine - float64 transformers| log-prob after reloading perturbed weights into a model with
     tied embeddings."""
-    from actfirst.config import EngineConfig, ModelConfig
+    from actfirst.core.config import EngineConfig, ModelConfig
     from actfirst.engine.core import ActFirstEngine
     from actfirst.models.build import build_model
 
@@ -238,7 +238,7 @@ def mixed_logprobs(model_dir, old, new, prompt, tokens, num_old):
     models = []
     for weights in (old, new):
         model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
-        model.load_state_dict({k: v.double() for k, v in weights.items()}, strict=False)
+        model.load_state_dict({k: v.double() for k, v in weights.items()}, strict=True)
         models.append(model)
     ids = prompt + tokens
     split = len(prompt) + num_old - 1

@@ -2,7 +2,7 @@
 
 import pytest
 
-from actfirst.config import SchedulerConfig
+from actfirst.core.config import SchedulerConfig
 from actfirst.engine.request import Request, RequestKind, RequestStatus, SamplingSpec
 from actfirst.engine.scheduler import Scheduler
 

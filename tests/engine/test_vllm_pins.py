@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.config import EngineConfig
+from actfirst.core.config import EngineConfig
 from actfirst.engine.llm import (
     VLLM_VERSION,
     VLLMVersionError,

@@ -147,7 +147,7 @@ def test_state_is_the_positive_facts_and_the_won_flag(alfworld_games, env):
         env.step(action)
         states.append(env.state())
     assert len(states) == len(game_states)
-    for state, game_state in zip(states, game_states):
+    for state, game_state in zip(states, game_states, strict=True):
         names = sorted(f.name for f in game_state["facts"] if not f.is_negation)
         assert sorted(fact.split("(")[0] for fact in state.content) == names and len(state.content) > 10
         assert state.content == tuple(sorted(state.content))

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from actfirst.core.schema import load_config
+from actfirst.core.user_input import ConfigError
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import BENCHMARKS, EnvSpec, config_path, get_benchmark, load_benchmark, select_tasks
@@ -19,9 +21,7 @@ from actfirst.envs.scienceworld.tasks import SIMPLIFICATIONS, TASK_TYPES
 from actfirst.envs.webshop.checks import SEARCH_MISMATCH_ALLOWED
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.workers import EnvPool
-from actfirst.reference_cache import build_references
-from actfirst.schema import load_config
-from actfirst.user_input import ConfigError
+from actfirst.preparation.reference_cache import build_references
 
 pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
 
@@ -241,7 +241,8 @@ def test_alfworld_config_reaches_the_environment(alfworld_games):
 
 
 def test_references_are_built_only_by_the_configured_environment(tmp_path):
-    other = EnvPool(get_benchmark("alfworld", ALFWorldConfig(games="generated", max_turns=5)).env_spec(), 1)  # never started
+    # never started
+    other = EnvPool(get_benchmark("alfworld", ALFWorldConfig(games="generated", max_turns=5)).env_spec(), 1)
     with pytest.raises(ValueError, match="pool: its workers run .*max_turns=5.*not the benchmark's configured"):
         asyncio.run(build_references(get_benchmark("alfworld"), [], other, out=tmp_path / "refs.jsonl"))
 
@@ -255,7 +256,8 @@ def test_the_registry_loads_the_packages_without_their_simulators():
     """Reading the registry imports every built-in benchmark package, and none of them imports its simulator (those
     load when an environment is made)."""
     code = ("import sys; from actfirst.envs.benchmarks import BENCHMARKS; names = sorted(BENCHMARKS); "
-            "loaded = sorted(m for m in ('scienceworld', 'textworld', 'alfworld', 'web_agent_site') if m in sys.modules); "
+            "loaded = sorted(m for m in ('scienceworld', 'textworld', 'alfworld', 'web_agent_site') "
+            "if m in sys.modules); "
             "print(names, loaded)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['alfworld', 'scienceworld', 'search', 'webshop'] []"

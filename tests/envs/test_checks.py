@@ -63,7 +63,8 @@ def test_scienceworld_normalization_is_order_free_on_real_observations(boil):
     shuffled = lines[:]
     rng.shuffle(shuffled)
     reordered = "\n".join(shuffled)
-    reordered = reordered.replace("a red apple, a banana, an orange, a potato", "a potato, a banana, a red apple, an orange")
+    reordered = reordered.replace("a red apple, a banana, an orange, a potato",
+                                  "a potato, a banana, a red apple, an orange")
     reordered = reordered.replace("a ceramic cup (containing nothing), a drawer, a tin cup (containing nothing).",
                                   "a tin cup (containing nothing), a ceramic cup (containing nothing), a drawer.")
     assert reordered != kitchen
@@ -85,7 +86,7 @@ def test_which_and_that_clauses_stay_with_their_item():
 
 
 def test_scienceworld_replay_of_the_reference_passes(boil):
-    for step, ref in zip(boil["student"], boil["reference"]):
+    for step, ref in zip(boil["student"], boil["reference"], strict=True):
         assert sw_check(step, ref).passed, step["action"]
 
 

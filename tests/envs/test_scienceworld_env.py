@@ -34,7 +34,7 @@ def test_gold_path_succeeds_with_score_and_validity(env):
     assert [s.valid for s in steps] == [not a.startswith("open door") for a in gold]
     assert [s.turn for s in steps] == list(range(1, len(gold) + 1))
     assert steps[-1].done and steps[-1].won and steps[-1].score == 100.0
-    assert all(a.score <= b.score for a, b in zip(steps, steps[1:]))
+    assert all(a.score <= b.score for a, b in zip(steps, steps[1:], strict=True))
 
 
 def test_score_is_the_best_reached_and_never_negative(env):
@@ -102,7 +102,8 @@ def test_lists_on_demand_keep_every_transition(env):
         for action in actions:
             got.append(env.step(action))
             states.append(env.state())
-        for move, (obs, best, done, valid, admissible, templates, objects, state), st in zip(got, expected, states):
+        for move, (obs, best, done, valid, admissible, templates, objects, state), st in zip(
+                got, expected, states, strict=True):
             assert (move.observation, move.score, move.done, move.templates, move.objects) == \
                 (obs, best, done, templates, objects)
             assert move.task_description == description and st.content == state

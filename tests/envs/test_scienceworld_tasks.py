@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from actfirst.core.schema import load_config
+from actfirst.core.user_input import ConfigError
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.tasks import TASK_TYPES, scienceworld_splits
-from actfirst.schema import load_config
-from actfirst.user_input import ConfigError
 
 CONFIG = Path(__file__).parents[2] / "configs" / "envs" / "scienceworld.yaml"
 

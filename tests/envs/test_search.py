@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import ConfigError, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig, TrainConfig
+from actfirst.core.config import ConfigError, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig, TrainConfig
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.search.config import SearchConfig
 from actfirst.envs.search.env import SearchTextEnv
@@ -183,7 +183,7 @@ def test_malformed_corpus_refused_by_the_server_command(tmp_path):
 def test_fast_action_strategies_refused_up_front(tmp_path):
     (tmp_path / "m").mkdir()
     base = Path(__file__).parents[2] / "configs" / "train" / "search" / "opd-qwen2.5-1.5b.yaml"
-    from actfirst.schema import load_config
+    from actfirst.core.schema import load_config
 
     paths = [f"student.model={tmp_path / 'm'}", f"teacher={tmp_path / 'm'}"]
     cfg = load_config(TrainConfig, base, paths)
@@ -198,7 +198,7 @@ def test_fast_action_strategies_refused_up_front(tmp_path):
 def test_tiny_model_evaluation_episode(config, engine, tiny_model_dir):
     """One end-to-end evaluation on the real engine: the random tiny model writes no tags, so every turn is invalid
     and the episode gets the forced-answer turn: 3 turns at max_turns=2, stop strings passed to the engine."""
-    from actfirst.evaluation import evaluate
+    from actfirst.evaluation.evaluate import evaluate
 
     engine.reconfigure(SchedulerConfig(b_max=4))
     benchmark = get_benchmark("search", SearchConfig(retrieval_url=config.retrieval_url, max_turns=2,

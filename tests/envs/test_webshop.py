@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from actfirst.core.user_input import ConfigError
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.webshop.checks import (
     is_search_results,
@@ -39,8 +40,7 @@ from actfirst.envs.webshop.env import (
     webshop_split,
 )
 from actfirst.envs.workers import EnvPool
-from actfirst.reference_cache import load_references, replay, transition_config
-from actfirst.user_input import ConfigError
+from actfirst.preparation.reference_cache import load_references, replay, transition_config
 
 POOLS = Path(__file__).resolve().parents[2] / "configs" / "envs" / "webshop"
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None

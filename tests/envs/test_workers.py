@@ -64,7 +64,8 @@ def test_worker_runs_the_environment_and_its_jvm(worker):
 def test_the_configured_environment_is_built_in_the_worker(alfworld_games):
     plain = get_benchmark("scienceworld", dataclasses.replace(SCIENCEWORLD.config, max_turns=2, simplification=""))
     workers = {"easy": EnvWorker(SCIENCEWORLD.env_spec()), "plain": EnvWorker(plain.env_spec()),
-               "alfworld": EnvWorker(get_benchmark("alfworld", ALFWorldConfig(games="generated", max_turns=2)).env_spec())}
+               "alfworld": EnvWorker(get_benchmark("alfworld",
+                                                   ALFWorldConfig(games="generated", max_turns=2)).env_spec())}
     try:
         easy, none = workers["easy"].reset(TASK), workers["plain"].reset(TASK)
         # The easy preset's teleport action is there only with the simplification; closed doors only without it.
@@ -211,7 +212,8 @@ def test_async_calls_never_block_the_loop():
         resets = asyncio.gather(*(w.areset(TASK) for w in workers))
         await asyncio.gather(resets, ticker(resets))
         firsts = resets.result()
-        steps = await asyncio.gather(*(w.astep(a) for w, a in zip(workers, ["go to kitchen", "look around"])))
+        steps = await asyncio.gather(*(w.astep(a)
+                                       for w, a in zip(workers, ["go to kitchen", "look around"], strict=True)))
         os.kill(workers[0].pid, signal.SIGKILL)
         died = await asyncio.gather(workers[0].astep("look around"), return_exceptions=True)
         return ticks, firsts, steps, died[0]

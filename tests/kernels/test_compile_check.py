@@ -8,7 +8,6 @@ pytest.importorskip("triton")
 from actfirst.kernels import logprob_gather as lg  # noqa: E402
 from actfirst.kernels.compile_check import SMEM_LIMIT, check_in_subprocess, format_table  # noqa: E402
 
-
 KERNELS_BY_DTYPE = ("_logprob_gather_fwd_kernel", "_logprob_gather_combine_kernel", "_logit_grad_kernel",
                     "_ppo_rows_kernel", "_ppo_loss_kernel")
 KERNELS_ANY_DTYPE = ("_logprob_rows_kernel", "_sample_counts_kernel")  # fp32 logits, fp32 masks only

@@ -40,7 +40,7 @@ def test_model_dir_roundtrip_and_chat_template(tiny_model_dir):
 
 
 def test_qwen3_sized_model_builds(tmp_path):
-    from actfirst.config import ModelConfig
+    from actfirst.core.config import ModelConfig
     from actfirst.models.build import build_model
 
     cfg = ModelConfig(tokenizer="qwen3", hidden_size=32, num_hidden_layers=1, num_attention_heads=2,

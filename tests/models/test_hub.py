@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.config import ConfigError
+from actfirst.core.config import ConfigError
 from actfirst.models.hub import hub_name, is_hub_id, model_commit, resolve_model
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,8 +142,8 @@ def test_a_run_resolves_its_models_records_the_commits_and_hands_them_on(offline
     """The training run's path: the config names Hub ids; resolution gives snapshot paths and commits that pass
     every input check, land in the config the run saves (config.json, checkpoints' trainer state), and reach a rank
     as overrides that need no lookup."""
-    from actfirst.preparation import check_inputs, load_run_config, model_overrides, resolve_models
-    from actfirst.schema import config_json, to_dict
+    from actfirst.core.schema import config_json, to_dict
+    from actfirst.preparation.build import check_inputs, load_run_config, model_overrides, resolve_models
 
     snapshot = cache_model(offline_cache, "road-test/demo-teacher", TEACHER)
     overrides = ["student.model=road-test/demo-teacher", "teacher=road-test/demo-teacher", "student.revision=main",

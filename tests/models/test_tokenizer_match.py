@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import ConfigError
+from actfirst.core.config import ConfigError
 from actfirst.models.tokenizers import CHAT_TEMPLATE, check_tokenizers_match, train_env_bpe_tokenizer
 
 REFORMATTED = "\n".join([  # every tag trims the whitespace around it: the same rendering

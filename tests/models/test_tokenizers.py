@@ -157,7 +157,7 @@ def qwen_oracle():
 def mismatches(tok, oracle, texts: list[str]) -> list[tuple[str, list[int], list[int]]]:
     ours = tok(texts, add_special_tokens=False)["input_ids"]
     bad = []
-    for text, got in zip(texts, ours):
+    for text, got in zip(texts, ours, strict=True):
         want = oracle.encode(text, allowed_special="all")
         if got != want:
             bad.append((text, got, want))
@@ -199,7 +199,7 @@ def test_qwen3_round_trip_decode(qwen3_tok, texts):
     seed, strings = texts
     ids = qwen3_tok(strings, add_special_tokens=False)["input_ids"]
     decoded = qwen3_tok.batch_decode(ids, clean_up_tokenization_spaces=False)
-    bad = [(t, d) for t, d in zip(strings, decoded) if d != unicodedata.normalize("NFC", t)]
+    bad = [(t, d) for t, d in zip(strings, decoded, strict=True) if d != unicodedata.normalize("NFC", t)]
     if bad:
         pytest.fail(f"{len(bad)} strings do not round-trip (ACTFIRST_TEST_SEED={seed}), e.g. {bad[:3]!r}",
                     pytrace=False)

@@ -16,10 +16,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parents[1] / "train"))
 from train_helpers import random_samples, spawn_ranks
 
-from actfirst.config import ParallelConfig, TrainConfig
+from actfirst.core.config import ParallelConfig, TrainConfig
+from actfirst.core.schema import load_config, paths_unchecked
+from actfirst.core.user_input import ConfigError
 from actfirst.parallel.context import MESHES, mesh_shape
-from actfirst.schema import load_config, paths_unchecked
-from actfirst.user_input import ConfigError
 
 NODES, PER_NODE = 2, 2
 ADAM_LR = 1e-3
@@ -97,7 +97,7 @@ def _policy(model_dir, ctx):
 
 
 def _updater(policy):
-    from actfirst.config import LossConfig, OptimConfig
+    from actfirst.core.config import LossConfig, OptimConfig
     from actfirst.train.student import StudentUpdater
 
     return StudentUpdater(policy, optim=OptimConfig(lr=ADAM_LR, grad_clip=1.0), loss=LossConfig(), temperature=0.8,
@@ -261,11 +261,11 @@ def test_weight_sync_gather_stays_inside_a_node(runs):
 
 
 def test_sharded_teacher_gathers_inside_a_node_and_scores_as_on_flat(runs):
-    for rank, r in enumerate(runs):
+    for _rank, r in enumerate(runs):
         (hybrid, hybrid_calls), (flat, _) = r["hybrid"]["teacher"], r["flat"]["teacher"]
         assert len(hybrid) == len(flat) and hybrid
-        for x, y in zip(hybrid, flat):
-            assert len(x) == len(y) and max(abs(u - v) for u, v in zip(x, y)) < 1e-5
+        for x, y in zip(hybrid, flat, strict=True):
+            assert len(x) == len(y) and max(abs(u - v) for u, v in zip(x, y, strict=True)) < 1e-5
         gathers = [c for c in hybrid_calls if "allgather" in c[0]]
         assert gathers and all(_inside_a_node(ranks) for _, ranks, _ in gathers), gathers
         # besides them only the count of micro-batches (pad_across_ranks: every rank runs as many)

@@ -65,7 +65,7 @@ def ids(tokenizer) -> Callable[..., list[int]]:
 def teacher(tiny_model_dir, tokenizer):
     """UOPD's teacher: its own engine beside the student's, whose hand-set bigram weights (:func:`chain_weights`)
     answer every chat prompt with ``<action>look</action>``, and a scorer of the tiny random model."""
-    from actfirst.config import EngineConfig, SchedulerConfig
+    from actfirst.core.config import EngineConfig, SchedulerConfig
     from actfirst.engine.core import ActFirstEngine
     from actfirst.train.teacher import TeacherScorer
 

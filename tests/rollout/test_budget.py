@@ -12,7 +12,7 @@ from actfirst.envs.response_format import EARLY_STOP_SENTENCE, early_stop_text
 from actfirst.models.tokenizers import build_qwen3_tokenizer
 from actfirst.rollout.actions import GenerationAborted
 from actfirst.rollout.budget import FullResponse, generate_full_response, second_stage_max_tokens
-from actfirst.sample import Sample
+from actfirst.rollout.sample import Sample
 
 PROMPT_HEAD = [11, 12, 13, 14, 15]
 START = 100  # the prompt's last token: where each chain starts

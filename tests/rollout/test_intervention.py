@@ -9,10 +9,10 @@ import random
 
 import pytest
 
-from actfirst.config import ConfigError
-from actfirst.rollout.budget import FullResponse
+from actfirst.core.config import ConfigError
 from actfirst.envs.response_format import ACTION_TAGS
 from actfirst.envs.search.text import SEARCH_RESPONSES
+from actfirst.rollout.budget import FullResponse
 from actfirst.rollout.intervention import (
     Intervention,
     quantile_threshold,

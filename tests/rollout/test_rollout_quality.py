@@ -12,12 +12,12 @@ import asyncio
 
 import pytest
 
-from actfirst.config import RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
+from actfirst.core.config import RolloutConfig, SchedulerConfig, ThinkingBudgetConfig
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import get_benchmark
-from actfirst.evaluation import episode_seed, seed_stride
-from actfirst.quality import STRATEGIES, measure_quality, quality_rollout_config
+from actfirst.evaluation.evaluate import episode_seed, seed_stride
+from actfirst.evaluation.quality import STRATEGIES, measure_quality, quality_rollout_config
 from actfirst.rollout.runner import RolloutRunner
 from actfirst.rollout.strategies import make_strategy
 
@@ -48,7 +48,7 @@ def setup(alfworld_games):
         first_state = env.state()  # the last task's, from an environment in this process
     finally:
         env.close()
-    references = {benchmark.task_key(t): reference(benchmark, t, f) for t, f in zip(tasks, firsts)}
+    references = {benchmark.task_key(t): reference(benchmark, t, f) for t, f in zip(tasks, firsts, strict=True)}
     return benchmark, tasks, references, first_state
 
 

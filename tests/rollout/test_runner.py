@@ -8,7 +8,7 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.config import (
+from actfirst.core.config import (
     RolloutConfig,
     SchedulerConfig,
     ThinkingBudgetConfig,
@@ -19,7 +19,7 @@ from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvPool
-from actfirst.reference_cache import replay
+from actfirst.preparation.reference_cache import replay
 from actfirst.rollout.runner import RolloutRunner, episode_samples
 from actfirst.rollout.strategies import ActionSource, TCODConfig, UOPDConfig, make_strategy
 
@@ -95,7 +95,7 @@ def check_common(batch, benchmark):
         assert len(episode.full_responses) == episode.num_turns
         samples = episode_samples(episode, "x")
         assert [s.turn for s in samples] == list(range(episode.num_turns))
-        for s, r in zip(samples, episode.full_responses):
+        for s, r in zip(samples, episode.full_responses, strict=True):
             assert len(s.response_ids) == len(s.loss_mask) == len(s.logprobs) > 0
             assert r.weight_version >= 0
     assert len(batch.samples) == sum(e.num_turns for e in batch.episodes)
@@ -141,7 +141,7 @@ def test_actfirst_fast_actions_fallback_and_invalid_proposal(engine, tiny_model_
 def test_scienceworld_builds_admissible_lists_only_where_read(engine, tiny_model_dir, scienceworld):
     # Vanilla OPD's training rollout runs no check: no list, no validity; an evaluation counts invalid turns: all.
     for evaluation in (False, True):
-        async def play(pool, kwargs):
+        async def play(pool, kwargs, evaluation=evaluation):
             runner = RolloutRunner(**kwargs, evaluation=evaluation)
             return await runner.run_batch(scienceworld[1], batch_index=0)
 
@@ -232,7 +232,7 @@ def test_vanilla_executes_the_full_response_action(engine, tiny_model_dir, alfwo
     check_common(batch, alfworld[0])
     for episode in batch.episodes:
         assert not episode.guided
-        for record, response in zip(episode.turns, episode.full_responses):
+        for record, response in zip(episode.turns, episode.full_responses, strict=True):
             assert record.source == ActionSource.FULL_RESPONSE and record.fast is None
             assert record.action == response.action
 
@@ -344,7 +344,7 @@ def test_uopd_prompts_are_every_context_of_real_alfworld_episodes(engine, tiny_m
     """``rollout.prompts: uopd`` reaches the runner: on generated ALFWorld games, every sampled context is E.1's
     prompt of its turn rendered from the episode's own transitions and actions (the first without the task line,
     then the min(2, steps taken) latest steps), chat-templated."""
-    from actfirst.prompts import Step, render_recent_steps
+    from actfirst.rollout.prompts import Step, render_recent_steps
 
     benchmark, tasks, _ = alfworld
 
@@ -455,7 +455,7 @@ def test_uopd_holds_the_threshold_and_executes_the_teacher_exactly_above_it(engi
     assert {r.intervened for r in records} == {True, False}
     for episode in batch.episodes:
         samples = episode_samples(episode, "uopd", sft_weight=1.0)
-        for turn, record in zip(episode.turns, episode.interventions):
+        for turn, record in zip(episode.turns, episode.interventions, strict=True):
             assert record.intervened == (record.score > tau)
             assert (turn.source is ActionSource.TEACHER) == record.intervened
             teacher_response = episode.teacher_responses[turn.turn]

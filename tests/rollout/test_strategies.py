@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from actfirst.compare import parse_args
-from actfirst.comparison import METHODS
-from actfirst.config import ConfigError, RolloutConfig, TrainConfig
+from actfirst.comparison.tables import METHODS
+from actfirst.core.config import ConfigError, RolloutConfig, TrainConfig
+from actfirst.core.schema import check, load_config
 from actfirst.envs.checks import CheckResult
 from actfirst.rollout.strategies import (
     STRATEGIES,
@@ -19,7 +20,6 @@ from actfirst.rollout.strategies import (
     TCODConfig,
     make_strategy,
 )
-from actfirst.schema import check, load_config
 
 pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
 

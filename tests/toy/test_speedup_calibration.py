@@ -9,10 +9,10 @@ import pytest
 import toy_benchmark  # noqa: F401  (registers the toy)
 from transformers import AutoTokenizer
 
-from actfirst.config import RolloutConfig, ThinkingBudgetConfig
+from actfirst.core.config import RolloutConfig, ThinkingBudgetConfig
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
-from actfirst.reference_cache import build_references, load_references
+from actfirst.preparation.reference_cache import build_references, load_references
 from actfirst.rollout.strategies import make_strategy
 from actfirst.train.calibration import calibrate, spread
 from actfirst.train.speedup import eq36_speedup

@@ -16,21 +16,21 @@ import yaml
 from toy_benchmark import ToyBenchmark, ToyConfig, ToyTask
 from transformers import AutoTokenizer
 
-from actfirst.config import ModelConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig, TrainConfig
+from actfirst.core.config import ModelConfig, RolloutConfig, SchedulerConfig, ThinkingBudgetConfig, TrainConfig
+from actfirst.core.schema import load_config, paths_unchecked
+from actfirst.core.user_input import ConfigError
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
 from actfirst.envs.workers import EnvPool
-from actfirst.evaluation import evaluate
+from actfirst.evaluation.evaluate import evaluate
 from actfirst.models.build import build_model
-from actfirst.reference_cache import build_references, load_references, replay
+from actfirst.preparation.reference_cache import build_references, load_references, replay
 from actfirst.rollout.runner import RolloutRunner
 from actfirst.rollout.strategies import ActionSource, make_strategy
-from actfirst.schema import load_config, paths_unchecked
-from actfirst.user_input import ConfigError
 
 TRAIN = ("import sys, toy_benchmark\n"
-         "from actfirst.config import TrainConfig\n"
+         "from actfirst.core.config import TrainConfig\n"
          "from actfirst.parallel.context import init_parallel\n"
-         "from actfirst.schema import load_config\n"
+         "from actfirst.core.schema import load_config\n"
          "from actfirst.train.trainer import Trainer\n"
          "Trainer(load_config(TrainConfig, sys.argv[1]), init_parallel(), resume=False).train()\n")
 """The trainer in a process of its own (its engine's shutdown ends vLLM's state in its process), with the toy
@@ -43,7 +43,7 @@ ROLLOUT = RolloutConfig(strategy="actfirst", batch_tasks=2, max_prompt_tokens=15
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     """The toy under its default config file, its training tasks and their reference cache, built by
-    ``actfirst.reference_cache`` from the toy's own candidates in worker processes."""
+    ``actfirst.preparation.reference_cache`` from the toy's own candidates in worker processes."""
     benchmark = get_benchmark("toy")
     tasks = benchmark.tasks("train")
     out = tmp_path_factory.mktemp("toy") / "refs.jsonl"
@@ -129,8 +129,8 @@ def test_one_training_update(toy, engine, tiny_model_dir, tmp_path):
     assert load_config(TrainConfig, path).env is None
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", TRAIN, str(path)], env=env, capture_output=True, text=True, check=False,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-c", TRAIN, str(path)], env=env, capture_output=True, text=True,
+                          check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["update"] == 1 and row["weight_version"] == 1 and row["num_supervised"] > 0

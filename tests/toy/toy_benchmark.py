@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from actfirst.core.schema import check
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.benchmarks import Benchmark, register_benchmark
 from actfirst.envs.checks import PASSED, CheckResult, normalize_text
-from actfirst.prompts import HISTORY, NO_HISTORY, REFERENCE, Mode
-from actfirst.schema import check
+from actfirst.rollout.prompts import HISTORY, NO_HISTORY, REFERENCE, Mode
 
 # -- config -----------------------------------------------------------------------------------------------------------
 

@@ -27,12 +27,12 @@ def tiny_run_config(alfworld_games, tiny_model_dir, tmp_path_factory) -> dict:
     tiny teacher and the tiny student, built once for the loop and kill-resume tests."""
     import asyncio
 
-    from actfirst.config import ModelConfig
+    from actfirst.core.config import ModelConfig
     from actfirst.envs.alfworld.config import ALFWorldConfig
     from actfirst.envs.benchmarks import get_benchmark
     from actfirst.envs.workers import EnvPool
     from actfirst.models.build import build_model
-    from actfirst.reference_cache import build_references
+    from actfirst.preparation.reference_cache import build_references
 
     root = tmp_path_factory.mktemp("tiny_run")
     games = alfworld_games[0].game_file.rsplit("/train/", 1)[0]

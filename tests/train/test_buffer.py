@@ -2,7 +2,7 @@
 
 import pytest
 
-from actfirst.sample import Sample
+from actfirst.rollout.sample import Sample
 from actfirst.train.buffer import SampleBuffer
 
 

@@ -21,11 +21,17 @@ from safetensors.torch import load_file
 from train_helpers import random_samples
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from actfirst.config import LossConfig, OptimConfig
+from actfirst.core.config import LossConfig, OptimConfig
 from actfirst.train import checkpoint
 from actfirst.train.buffer import SampleBuffer
-from actfirst.train.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint, restore_rng,
-                                       save_checkpoint, truncate_metrics)
+from actfirst.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+    truncate_metrics,
+)
 from actfirst.train.head import LMHeadModel
 from actfirst.train.student import StudentUpdater
 

@@ -7,7 +7,7 @@ import torch
 from train_helpers import random_samples, spawn_ranks
 from transformers import Qwen3ForCausalLM
 
-from actfirst.config import LossConfig, OptimConfig
+from actfirst.core.config import LossConfig, OptimConfig
 from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.train.head import LMHeadModel
 from actfirst.train.student import StudentUpdater

@@ -11,8 +11,8 @@ import sys
 
 import yaml
 
-from actfirst.comparison import paired_ratio
-from actfirst.eval_report import load_episodes
+from actfirst.comparison.tables import paired_ratio
+from actfirst.evaluation.report import load_episodes
 
 STRATEGIES = ("vanilla", "actfirst")
 

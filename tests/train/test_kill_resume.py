@@ -127,7 +127,8 @@ def checkpoint_state(out_dir: Path) -> dict | None:
     state = load_checkpoint(ckpt)
     meta = json.loads((ckpt / "checkpoint.json").read_text())
     assert state["update"] == meta["update"] == int(ckpt.name.removeprefix("update_"))
-    assert {str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()} >= set(meta["files"]) | {"checkpoint.json"}
+    assert ({str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file()}
+            >= set(meta["files"]) | {"checkpoint.json"})
     assert all((ckpt / name).stat().st_size == size for name, size in meta["files"].items())
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from train_helpers import random_samples, spawn_ranks
 
-from actfirst.config import ModelConfig
+from actfirst.core.config import ModelConfig
 from actfirst.models.build import build_model
 from actfirst.models.loading import WeightsError, empty_model, load_weights, local_shape_and_offset
 

@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
+from actfirst.core.user_input import ConfigError
 from actfirst.make_teacher import main
-from actfirst.teacher_sft import CONFIG as RUN_CONFIG
-from actfirst.teacher_sft import DATA, EXAMPLES, RECORD, ensure_examples, load_teacher_config
-from actfirst.user_input import ConfigError
+from actfirst.teacher.sft import CONFIG as RUN_CONFIG
+from actfirst.teacher.sft import DATA, EXAMPLES, RECORD, ensure_examples, load_teacher_config
 
 CONFIG = str(Path(__file__).parents[2] / "configs" / "teacher" / "tiny-cpu.yaml")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -90,7 +90,7 @@ def one_rank(overrides, data, tmp_path_factory):
 def test_one_rank_lowers_the_loss_and_writes_a_teacher_transformers_loads(one_rank, data, overrides):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from actfirst.teacher_data import Examples
+    from actfirst.teacher.data import Examples
 
     out, stdout = one_rank
     assert "ETA" in stdout and f"done: {out}" in stdout
@@ -190,7 +190,7 @@ def test_an_out_that_is_something_else_is_refused(overrides, tmp_path, capsys):
 
 
 def test_the_plan_covers_every_sample_once_per_epoch_and_the_ranks_split_each_step():
-    from actfirst.teacher_sft import batch_plan, rank_share
+    from actfirst.teacher.sft import batch_plan, rank_share
 
     lengths = [7, 30, 12, 5, 50, 9, 21, 3, 14, 8]
     plan = batch_plan(lengths, batch_tokens=40, epochs=2.5, seed=3)

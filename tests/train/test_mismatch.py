@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-from actfirst.config import LossConfig, OptimConfig, SchedulerConfig
+from actfirst.core.config import LossConfig, OptimConfig, SchedulerConfig
 from actfirst.engine.request import RequestKind, SamplingSpec
-from actfirst.sample import Sample
+from actfirst.rollout.sample import Sample
 from actfirst.train.head import LMHeadModel
 from actfirst.train.student import StudentUpdater
 
@@ -29,10 +29,10 @@ def generate_samples(engine, tokenizer, temperature, gen, min_tokens=False):
         return await asyncio.gather(*(engine.generate(
             p, RequestKind.FULL_RESPONSE, SamplingSpec(max_tokens=n, min_tokens=n if min_tokens else 0, ignore_eos=True,
                                                        temperature=temperature, seed=s))
-            for p, n, s in zip(prompts, lengths, seeds)))
+            for p, n, s in zip(prompts, lengths, seeds, strict=True)))
 
     samples = []
-    for i, (p, res) in enumerate(zip(prompts, asyncio.run(run()))):
+    for i, (p, res) in enumerate(zip(prompts, asyncio.run(run()), strict=True)):
         assert len(res.token_ids) == lengths[i] == len(res.logprobs)
         teacher = (torch.tensor(res.logprobs) + 0.5 * torch.randn(len(res.logprobs), generator=gen)).tolist()
         samples.append(Sample(context_ids=list(p), response_ids=res.token_ids, loss_mask=[1] * len(res.token_ids),
@@ -55,7 +55,7 @@ def test_mismatch_on_engine_samples_and_one_update_moves_the_weights(engine, tin
     assert m["num_supervised"] == sum(len(s.response_ids) for s in samples)
     assert m["mismatch_mean"] < 1e-4 and m["mismatch_max"] < 1e-3
     assert m["skipped"] == 0
-    assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    assert any(not torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
 
 
 def test_min_tokens_suppression_is_the_whole_mismatch(engine, tiny_model_dir, gen):

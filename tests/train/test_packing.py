@@ -146,10 +146,10 @@ def test_teacher_logprobs_packed_equal_unpacked(tiny_model_dir, gen, eager_flex,
 
 
 def test_attention_choice_and_refusals(tmp_path):
-    from actfirst.config import TrainConfig
-    from actfirst.schema import load_config, paths_unchecked
+    from actfirst.core.config import TrainConfig
+    from actfirst.core.schema import load_config, paths_unchecked
+    from actfirst.core.user_input import ConfigError
     from actfirst.train.packing import attention_implementation
-    from actfirst.user_input import ConfigError
 
     bf16, f32 = torch.bfloat16, torch.float32
     gpu = torch.device("cuda", 0)

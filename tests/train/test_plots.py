@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from actfirst.eval_report import EpisodeRecord, EvalReport
+from actfirst.evaluation.report import EpisodeRecord, EvalReport
 from actfirst.train.plots import DPI, TRAINING_CURVE_SIZE, plot_training_curve, read_records, sr_points
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -8,7 +8,7 @@ import pytest
 import torch
 from train_helpers import random_samples, spawn_ranks
 
-from actfirst.config import LossConfig, OptimConfig
+from actfirst.core.config import LossConfig, OptimConfig
 from actfirst.parallel.weight_sync import plan_buckets
 
 ADAM_LR = 1e-3
@@ -153,9 +153,9 @@ def test_sharded_teacher_scores_as_a_whole_one(tiny_model_dir, vocab_size):
     shards = [samples[:5], samples[5:]]  # rank 0 runs more micro-batches: rank 1 pads with empty ones
     whole = spawn_ranks(teacher_rank, 2, str(tiny_model_dir), shards, False)
     sharded = spawn_ranks(teacher_rank, 2, str(tiny_model_dir), shards, True)
-    for a, b in zip(whole, sharded):
-        for x, y in zip(a, b):
-            assert len(x) == len(y) and max(abs(u - v) for u, v in zip(x, y)) < 1e-5
+    for a, b in zip(whole, sharded, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert len(x) == len(y) and max(abs(u - v) for u, v in zip(x, y, strict=True)) < 1e-5
 
 
 @pytest.mark.parametrize("sizes,limit,want", [

@@ -7,7 +7,7 @@ from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.response_format import THINK_CLOSE, extract_action
 from actfirst.models.tokenizers import build_qwen3_tokenizer
-from actfirst.prompts import Mode, Step
+from actfirst.rollout.prompts import Mode, Step
 from actfirst.train.sft import (
     THOUGHTS,
     ExpertStep,
@@ -47,7 +47,8 @@ def test_restated_thought_by_hand():
     first = restated_thought(get_benchmark("alfworld"), step(ALFWORLD, "take mug 1 from countertop 1"))
     assert "Steps taken (0): none yet.\n" in first
     assert "Admissible actions: 'go to fridge 1', 'take mug 1 from countertop 1'.\n" in first  # ALFWorld's B.1 field
-    assert first.endswith("'take mug 1 from countertop 1'.\nNow I choose the next step.")  # the step: in the action only
+    assert first.endswith("'take mug 1 from countertop 1'.\n"
+                          "Now I choose the next step.")  # the step: in the action only
 
 
 def test_decided_thought_by_hand():
@@ -62,7 +63,8 @@ def test_decided_thought_by_hand():
                     "So I take that step.")
     first = decided_thought(get_benchmark("alfworld"), step(ALFWORLD, "take mug 1 from countertop 1"))
     assert first.startswith("My task is to put a clean mug in countertop. The next step is: take mug 1 from "
-                            "countertop 1.\nThe task says: put a clean mug in countertop.\nSteps taken (0): none yet.\n")
+                            "countertop 1.\nThe task says: put a clean mug in countertop.\n"
+                            "Steps taken (0): none yet.\n")
 
 
 def test_surveyed_thought_by_hand():

@@ -11,8 +11,8 @@ import torch
 from train_helpers import random_samples
 from transformers import Qwen3ForCausalLM
 
-from actfirst.config import LossConfig, OptimConfig
-from actfirst.sample import Sample
+from actfirst.core.config import LossConfig, OptimConfig
+from actfirst.rollout.sample import Sample
 from actfirst.train.head import LMHeadModel
 from actfirst.train.student import StudentUpdater, learning_rate
 
@@ -71,8 +71,8 @@ def designed(model, gen, specs, temperature, version=0):
                    task=f"t{i}", turn=i, strategy="actfirst")
         with torch.no_grad():
             logp = logprobs64(model64, s, temperature)
-        s.logprobs = [float(lp) - r for lp, (r, _, _) in zip(logp, toks)]
-        s.teacher_logprobs = [old + a for old, (_, a, _) in zip(s.logprobs, toks)]
+        s.logprobs = [float(lp) - r for lp, (r, _, _) in zip(logp, toks, strict=True)]
+        s.teacher_logprobs = [old + a for old, (_, a, _) in zip(s.logprobs, toks, strict=True)]
         out.append(s)
     return out
 
@@ -119,7 +119,7 @@ def test_loss_and_gradient_every_branch_against_float64(model, gen, temperature,
     assert stats.loss == pytest.approx(float(ref.detach()), rel=1e-5, abs=1e-6)
     assert stats.num_clipped == 3 and stats.num_dual_clipped == 2  # of 10 supervised tokens
     worst = 0.0
-    for (name, p), p64 in zip(model.named_parameters(), model64.parameters()):
+    for (name, p), p64 in zip(model.named_parameters(), model64.parameters(), strict=True):
         scale = float(p64.grad.abs().max())
         worst = max(worst, float((p.grad.double() - p64.grad).abs().max()) / max(scale, 1e-12))
         torch.testing.assert_close(p.grad.double(), p64.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
@@ -179,12 +179,12 @@ def test_micro_and_mini_batches_match_one_pass(model, gen):
             model.zero_grad(set_to_none=True)
             stats = up.accumulate_gradients(chunk, current_version=0)
             total += stats.loss * len(chunk) / len(samples)
-            for a, p in zip(acc, model.parameters()):
+            for a, p in zip(acc, model.parameters(), strict=True):
                 a += p.grad * len(chunk) / len(samples)
         grads[name] = (total, acc)
     for name in ("micro", "mini"):
         assert grads[name][0] == pytest.approx(grads["one"][0], rel=1e-5, abs=1e-7)
-        for a, b in zip(grads[name][1], grads["one"][1]):
+        for a, b in zip(grads[name][1], grads["one"][1], strict=True):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6 * float(b.abs().max()))
 
 
@@ -195,9 +195,9 @@ def test_minibatch_update_equals_sequential_updates(model, gen):
     up = updater(seq)
     m1, m2 = up.update(samples[:3], current_version=0), up.update(samples[3:], current_version=0)
     assert metrics["loss"] == pytest.approx((m1["loss"] + m2["loss"]) / 2, rel=1e-5)
-    for a, b, p0 in zip(split.parameters(), seq.parameters(), model.parameters()):
+    for a, b, _p0 in zip(split.parameters(), seq.parameters(), model.parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
-    assert any(not torch.equal(a, p0) for a, p0 in zip(split.parameters(), model.parameters()))
+    assert any(not torch.equal(a, p0) for a, p0 in zip(split.parameters(), model.parameters(), strict=True))
     # The mismatch is measured before the first step, for the second mini-batch too.
     before = updater(copy.deepcopy(model)).update(samples, current_version=0)
     assert metrics["mismatch_max"] == pytest.approx(before["mismatch_max"], abs=1e-6)
@@ -214,12 +214,12 @@ def test_nan_teacher_logprob_skips_the_step(model, gen):
     up = updater(model, optim=OptimConfig(lr=1e-2, weight_decay=0.1, grad_clip=1.0))
     metrics = up.update(samples, current_version=0)
     assert metrics["skipped"] == 1 and math.isnan(metrics["loss"])
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before, strict=True))
     assert all(p.grad is None for p in model.parameters()) and not up.optimizer.state
     samples[2].teacher_logprobs[j] = samples[2].logprobs[j] + 0.3
     metrics = up.update(samples, current_version=0)
     assert metrics["skipped"] == 0 and math.isfinite(metrics["loss"])
-    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), before))
+    assert any(not torch.equal(a, b) for a, b in zip(model.parameters(), before, strict=True))
 
 
 def test_learning_rate_schedule():
@@ -245,7 +245,7 @@ def test_update_metrics_schedule_and_state_dict(model, gen):
     assert m["version_lag_mean"] == pytest.approx(0.25)
     assert m["num_tokens"] == sum(s.num_tokens for s in samples)
     assert m["num_supervised"] == sum(s.num_supervised for s in samples)
-    sup = [(t - o) for s in samples for k, t, o in zip(s.loss_mask, s.teacher_logprobs, s.logprobs) if k]
+    sup = [(t - o) for s in samples for k, t, o in zip(s.loss_mask, s.teacher_logprobs, s.logprobs, strict=True) if k]
     assert m["teacher_minus_old"] == pytest.approx(sum(sup) / len(sup))
     assert m["mismatch_mean"] < 1e-5 and m["mismatch_max"] < 1e-4  # on-policy to fp32 rounding
     assert m["grad_norm"] > 0 and 0 <= m["clip_frac"] <= 1 and m["update_s"] > 0
@@ -260,7 +260,7 @@ def test_update_metrics_schedule_and_state_dict(model, gen):
     resumed.optimizer.load_state_dict(state["optimizer"])
     a, b = up.update(samples, current_version=5), resumed.update(samples, current_version=5)
     assert a["lr"] == b["lr"] == pytest.approx(1e-3) and a["loss"] == b["loss"]
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters(), strict=True))
 
 
 def test_mismatch_counts_only_the_current_version(model, gen):
@@ -286,7 +286,8 @@ def test_a_response_spanning_two_versions_uses_its_sampled_logprobs(model, gen):
     for i, s in enumerate(samples[:2]):
         k = max(1, len(s.response_ids) // 2)
         # the first version's tokens were sampled by another policy than the current one
-        samples[i] = dataclasses.replace(s, logprobs=[x - 0.1 * m for x, m in zip(s.logprobs[:k], s.loss_mask)]
+        samples[i] = dataclasses.replace(s, logprobs=[x - 0.1 * m
+                                                      for x, m in zip(s.logprobs[:k], s.loss_mask, strict=True)]
                                          + s.logprobs[k:], weight_version=1,
                                          token_versions=[1] * k + [2] * (len(s.response_ids) - k))
     model.zero_grad(set_to_none=True)
@@ -295,7 +296,7 @@ def test_a_response_spanning_two_versions_uses_its_sampled_logprobs(model, gen):
     ref = surrogate64(model64, samples, 1.0)
     ref.backward()
     assert stats.loss == pytest.approx(float(ref.detach()), rel=1e-5, abs=1e-6)
-    for (name, p), p64 in zip(model.named_parameters(), model64.parameters()):
+    for (name, p), p64 in zip(model.named_parameters(), model64.parameters(), strict=True):
         scale = float(p64.grad.abs().max())
         torch.testing.assert_close(p.grad.double(), p64.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
     # The shift is material: with the first version's log pi_old unshifted the loss would be another.
@@ -325,6 +326,6 @@ def test_sft_targets_add_their_weighted_nll_against_float64(model, gen, temperat
     assert stats.loss == pytest.approx(float(ref.detach()), rel=1e-5, abs=1e-6)
     assert stats.sft_loss == pytest.approx(float(beta * nll.detach() / len(samples)), rel=1e-5)
     assert stats.num_clipped == 3 and stats.num_dual_clipped == 2  # the SFT target's tokens are in no PPO count
-    for (name, p), p64 in zip(model.named_parameters(), model64.parameters()):
+    for (name, p), p64 in zip(model.named_parameters(), model64.parameters(), strict=True):
         scale = float(p64.grad.abs().max())
         torch.testing.assert_close(p.grad.double(), p64.grad, rtol=1e-4, atol=1e-5 * scale, msg=name)

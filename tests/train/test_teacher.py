@@ -7,7 +7,7 @@ import torch
 from train_helpers import random_samples
 from transformers import AutoTokenizer, Qwen3ForCausalLM
 
-from actfirst.config import ModelConfig
+from actfirst.core.config import ModelConfig
 from actfirst.models.build import build_model
 from actfirst.train.teacher import TeacherScorer
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from actfirst.sample import Sample
+from actfirst.rollout.sample import Sample
 
 
 def random_samples(gen: torch.Generator, num: int, vocab: int, *, max_context: int = 24, max_response: int = 12,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
+from actfirst.core.schema import check
 from actfirst.envs.alfworld.data import check_real_games
-from actfirst.schema import check
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

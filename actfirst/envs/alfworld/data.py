@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from actfirst.downloads import BenchmarkData, Download, Source
-from actfirst.user_input import ConfigError
+from actfirst.core.user_input import ConfigError
+from actfirst.preparation.downloads import BenchmarkData, Download, Source
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 GAMES_FOLDER = "json_2.1.1"
@@ -29,7 +29,8 @@ def data_dir(configured: str | None) -> tuple[Path, str]:
         return Path(configured).expanduser(), f"data_dir={configured!r}"
     if os.environ.get("ALFWORLD_DATA"):
         return Path(os.environ["ALFWORLD_DATA"]).expanduser(), f"$ALFWORLD_DATA={os.environ['ALFWORLD_DATA']!r}"
-    return Path(DEFAULT_DATA_DIR).expanduser(), f"ALFWorld's default {DEFAULT_DATA_DIR} (no data_dir nor $ALFWORLD_DATA)"
+    return (Path(DEFAULT_DATA_DIR).expanduser(),
+            f"ALFWorld's default {DEFAULT_DATA_DIR} (no data_dir nor $ALFWORLD_DATA)")
 
 
 def split_dir(configured: str | None, split: str) -> Path:

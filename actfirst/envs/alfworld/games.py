@@ -168,7 +168,7 @@ def _problem(scene: _Scene, spec: GameSpec, instances: list[tuple[str, str, str]
                    ("toggleable", "Toggleable"), ("sliceable", "Sliceable"))}
 
     decls = ["agent1 - agent"]
-    decls += [f"{_pddl_name(l)} - location" for l in [start] + locations]
+    decls += [f"{_pddl_name(location)} - location" for location in [start] + locations]
     decls += [f"{_pddl_name(r)} - receptacle" for r in scene.receptacles]
     decls += [f"{_pddl_name(o)} - object" for o, _, _ in instances]
     decls += [f"{t}Type - otype" for t in otypes] + [f"{t}Type - rtype" for t in scene.receptacle_types]
@@ -289,7 +289,8 @@ def generate_split(out_dir: str | Path, per_type: int, seed: int = 0, unseen: bo
         for i in range(per_type):
             game_dir = Path(out_dir) / f"{task}-{i:04d}"
             game_file = game_dir / "game.tw-pddl"
-            files.append(game_file if game_file.exists() else generate_game(seed * 1_000_003 + i, task, game_dir, unseen))
+            files.append(game_file if game_file.exists()
+                         else generate_game(seed * 1_000_003 + i, task, game_dir, unseen))
     return files
 
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from actfirst.core.user_input import check_writable_dir, command
 from actfirst.envs.alfworld.games import generate_split
-from actfirst.user_input import check_writable_dir, command
 
 
 @command

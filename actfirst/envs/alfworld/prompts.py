@@ -2,7 +2,7 @@
 paper's (003 E.1)."""
 
 from actfirst.envs.base import Transition
-from actfirst.prompts import HISTORY, NO_HISTORY, REFERENCE, Mode, RecentStepsPrompts
+from actfirst.rollout.prompts import HISTORY, NO_HISTORY, REFERENCE, Mode, RecentStepsPrompts
 
 _HEAD = ("You are an expert agent operating in the ALFRED Embodied Environment. "
          "Your task is to: {task_description}\n")

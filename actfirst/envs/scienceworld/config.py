@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from actfirst.schema import check
+from actfirst.core.schema import check
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from actfirst.downloads import BenchmarkData
+from actfirst.preparation.downloads import BenchmarkData
 
 
 class ScienceWorldData(BenchmarkData):

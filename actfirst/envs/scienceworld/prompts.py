@@ -1,6 +1,6 @@
 """ScienceWorld's prompt templates (Appendix B.1): full response, next-action prediction, inverse dynamics."""
 
-from actfirst.prompts import HISTORY, NO_HISTORY, REFERENCE, Mode
+from actfirst.rollout.prompts import HISTORY, NO_HISTORY, REFERENCE, Mode
 
 _HEAD = "Your ScienceWorld task is: {task_description}\n"
 _AVAILABLE = ("Available action commands: [{action_templates}]\n"

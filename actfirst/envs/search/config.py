@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from actfirst.schema import check
+from actfirst.core.schema import check
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

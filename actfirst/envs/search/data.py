@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from actfirst.downloads import BenchmarkData, Download, Source
-from actfirst.files import write_atomically
+from actfirst.core.files import write_atomically
+from actfirst.preparation.downloads import BenchmarkData, Download, Source
 
 _HF = "https://huggingface.co/datasets"
 _FLASHRAG = f"{_HF}/RUC-NLPIR/FlashRAG_datasets/resolve/main"
@@ -54,7 +54,7 @@ class SearchData(BenchmarkData):
             if (dest / out).is_file() or not all(f.is_file() for f in inputs):
                 continue
             rows = []
-            for (ds, _), file in zip(pairs, inputs):
+            for (ds, _), file in zip(pairs, inputs, strict=False):
                 with file.open() as f:
                     for line in filter(str.strip, f):
                         row = json.loads(line)

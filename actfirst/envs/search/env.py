@@ -15,6 +15,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from actfirst.core.user_input import ConfigError
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.search.config import SearchConfig
 from actfirst.envs.search.retrieval import retrieve
@@ -29,7 +30,6 @@ from actfirst.envs.search.text import (
     last_answer,
     parse_output,
 )
-from actfirst.user_input import ConfigError
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from actfirst.user_input import ConfigError, command
+from actfirst.core.user_input import ConfigError, command
 
 
 def load_corpus(path: str, key: str = "--corpus") -> list[dict]:
@@ -63,8 +63,8 @@ class BM25Index:
         tokens = self._bm25s.tokenize(queries, stopwords="en", show_progress=False)
         with self._lock:
             ids, scores = self._index.retrieve(tokens, k=k, show_progress=False)
-        return [[(self.docs[int(i)], float(s)) for i, s in zip(row_ids, row_scores)]
-                for row_ids, row_scores in zip(ids, scores)]
+        return [[(self.docs[int(i)], float(s)) for i, s in zip(row_ids, row_scores, strict=True)]
+                for row_ids, row_scores in zip(ids, scores, strict=True)]
 
 
 def _parse_request(body: bytes, default_topk: int) -> tuple[list[str], int, bool]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from actfirst.core.schema import check, paths_checked
 from actfirst.envs.webshop.goals import goal_pool
-from actfirst.schema import check, paths_checked
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from actfirst.downloads import BenchmarkData, Download, Source
+from actfirst.preparation.downloads import BenchmarkData, Download, Source
 
 _DRIVE = "https://drive.usercontent.google.com/download?export=download&confirm=t&id="
 

@@ -20,11 +20,11 @@ import random
 import re
 from pathlib import Path
 
+from actfirst.core.user_input import ConfigError
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.webshop.checks import webshop_action_valid
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.webshop.goals import goal_pool
-from actfirst.user_input import ConfigError
 
 SUCCESS_SCORE = 99.999
 GOAL_SEED = 233

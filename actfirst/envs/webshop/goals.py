@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actfirst.user_input import ConfigError
+from actfirst.core.user_input import ConfigError
 
 C1_POOLS = {"train": range(0, 4096), "eval": range(4096, 4196)}
 """000's split (C.1), the pools of a config that names no file."""

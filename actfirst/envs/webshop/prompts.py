@@ -2,7 +2,7 @@
 (003 E.2)."""
 
 from actfirst.envs.base import Transition
-from actfirst.prompts import REFERENCE, Mode, RecentStepsPrompts
+from actfirst.rollout.prompts import REFERENCE, Mode, RecentStepsPrompts
 
 _HEAD = ("You are an expert autonomous agent operating in the WebShop e-commerce environment.\n"
          "Your task is to: {task_description}.\n")

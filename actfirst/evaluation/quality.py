@@ -13,13 +13,13 @@ persistent NAP fallback. No full response is generated for a fast action's conte
 (the runner's ``full_responses=False``). Every request samples at temperature 1.0 and top-p 1.0 without top-k;
 action-only requests stop at ``</action>`` or 512 generated tokens; an episode ends at the benchmark's turn limit.
 Task i's turn t samples its action with the same seed under every strategy, a function of (``seed``, i, t) alone
-(``actfirst.evaluation.episode_seed``, ``actfirst.rollout.runner.matched_base``); the NAP request that replaces an
-invalid inverse-dynamics proposal (B.5) samples with a seed of its own.
+(``actfirst.evaluation.evaluate.episode_seed``, ``actfirst.rollout.runner.matched_base``); the NAP request that replaces
+an invalid inverse-dynamics proposal (B.5) samples with a seed of its own.
 
 The environment's state after every transition (``TextEnv.state``, as ``Benchmark.state_source`` says: ALFWorld's
 positive facts, ScienceWorld's look-around and inventory text as a stand-in, each with the success flag) feeds the
-repetition rule of ``actfirst.quality_report``; benchmarks without a state (WebShop, Search) are refused. An episode
-whose worker died or whose environment raised counts as a failed task and is listed.
+repetition rule of ``actfirst.evaluation.quality_metrics``; benchmarks without a state (WebShop, Search) are refused. An
+episode whose worker died or whose environment raised counts as a failed task and is listed.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from actfirst.config import RolloutConfig
+from actfirst.core.config import RolloutConfig
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import Benchmark
-from actfirst.evaluation import MAX_TASKS, episode_seed, play_jobs, seed_stride
-from actfirst.quality_report import (
+from actfirst.evaluation.evaluate import MAX_TASKS, episode_seed, play_jobs, seed_stride
+from actfirst.evaluation.quality_metrics import (
     STRATEGY_LABELS,
     EpisodeTrace,
     QualityEpisode,
@@ -83,7 +83,7 @@ def episode_trace(benchmark: Benchmark, episode: EpisodeResult) -> EpisodeTrace:
     before, after = episode.transitions[:-1], episode.transitions[1:]
     turns = tuple(TraceTurn(state=state, action=turn.action, valid=benchmark.executed_valid(turn.action, current),
                             observation=nxt.observation)
-                  for turn, current, state, nxt in zip(episode.turns, before, episode.states, after))
+                  for turn, current, state, nxt in zip(episode.turns, before, episode.states, after, strict=False))
     return EpisodeTrace(episode.transitions[0].observation if episode.transitions else "", turns)
 
 

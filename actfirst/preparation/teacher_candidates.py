@@ -8,20 +8,20 @@
 The teacher, served by the same in-process engine class as the student, plays every task ``per_task`` times
 think-then-act (the ``vanilla`` strategy: each turn executes its full response's action) with the *training*
 thinking budget and ``rollout.temperature`` (C.2 names neither; these are the settings the candidates are replayed
-under). As in ``actfirst.evaluation``, up to ``max_in_flight`` episodes run at once on one engine and a pool of that
-many workers kept full, and episode (index, repeat) samples with seeds derived from (seed, index, repeat) alone,
+under). As in ``actfirst.evaluation.evaluate``, up to ``max_in_flight`` episodes run at once on one engine and a pool of
+that many workers kept full, and episode (index, repeat) samples with seeds derived from (seed, index, repeat) alone,
 never from scheduling. The executed action sequences of the episodes that may become references are kept per task
 key, deduplicated, in repeat order (``Benchmark.accepts_reference``: success; WebShop: any purchase with a positive
 score, since C.2 ranks its candidates by score and then length); a task without one has no entry, and an episode
 whose worker died or whose environment raised counts as a failure. The JSONL written by ``write_candidates`` is what
-``actfirst.reference_cache`` reads (``candidate_files``); its candidates carry the source
+``actfirst.preparation.reference_cache`` reads (``candidate_files``); its candidates carry the source
 ``candidates:<file name>``.
 
-Preparation (``actfirst.preparation``) plays the tasks on every rank, each its every R-th task on its own engine
-(:func:`play_share`), each finished task appended to that rank's journal of the candidates file (``actfirst.journal``)
-so that a killed preparation resumes without replaying it, and merges the journals into the file once every task is
-done (:func:`merge_candidates`). Seeds follow a task's index in the whole task set, so the candidates do not depend
-on the number of ranks.
+Preparation (``actfirst.preparation.build``) plays the tasks on every rank, each its every R-th task on its own engine
+(:func:`play_share`), each finished task appended to that rank's journal of the candidates file
+(``actfirst.core.journal``) so that a killed preparation resumes without replaying it, and merges the journals into the
+file once every task is done (:func:`merge_candidates`). Seeds follow a task's index in the whole task set, so the
+candidates do not depend on the number of ranks.
 """
 
 from __future__ import annotations
@@ -35,11 +35,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from actfirst.config import RolloutConfig
+from actfirst.core.config import RolloutConfig
+from actfirst.core.files import write_atomically
+from actfirst.core.journal import Journal, format_eta, read_journals, remove_journals
 from actfirst.envs.benchmarks import Benchmark
-from actfirst.evaluation import MAX_TASKS, check_fits, episode_seed, play_jobs, seed_stride
-from actfirst.files import write_atomically
-from actfirst.journal import Journal, format_eta, read_journals, remove_journals
+from actfirst.evaluation.evaluate import MAX_TASKS, check_fits, episode_seed, play_jobs, seed_stride
 
 MAX_REPEATS = 1 << 10
 """Rollout seeds leave room for this many repeats per task."""
@@ -52,7 +52,8 @@ def teacher_rollout_config(rollout: RolloutConfig, max_in_flight: int) -> Rollou
 
 def rollout_seed(seed: int, index: int, repeat: int, stride: int) -> int:
     """The base sampling seed of repeat ``repeat`` of task ``index``: a function of (seed, index, repeat) alone,
-    distinct for every triple (``actfirst.evaluation.episode_seed`` with one evaluation seed per (seed, repeat))."""
+    distinct for every triple (``actfirst.evaluation.evaluate.episode_seed`` with one evaluation seed per
+    (seed, repeat))."""
     if seed < 0:
         raise ValueError(f"seed={seed}: must be >= 0")
     if not 0 <= repeat < MAX_REPEATS:
@@ -156,7 +157,7 @@ async def play_share(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[An
                      rank: int = 0, world: int = 1, per_task: int, rollout: RolloutConfig, max_in_flight: int,
                      seed: int = 0, after_task: Callable[[str], None] | None = None) -> int:
     """Play the teacher rollouts of this rank's share of ``tasks`` (every ``world``-th from ``rank``) that no rank's
-    journal of ``out`` holds yet (``actfirst.journal``): each task's line (``{"task": key, "candidates": [...]}``)
+    journal of ``out`` holds yet (``actfirst.core.journal``): each task's line (``{"task": key, "candidates": [...]}``)
     is appended to this rank's journal as soon as its rollouts finish, and ``after_task(key)`` called after it.
     Seeds follow each task's index in ``tasks``, so the candidates do not depend on ``world``. Returns how many
     tasks were played; :func:`merge_candidates` writes the candidates file once every task is done."""
@@ -196,7 +197,7 @@ def merge_candidates(out: str | Path, keys: Sequence[str]) -> Path:
 
 
 def write_candidates(path: str | Path, candidates: dict[str, list[list[str]]]) -> Path:
-    """Write ``candidates`` as the JSONL ``actfirst.reference_cache.read_candidates`` reads (one
+    """Write ``candidates`` as the JSONL ``actfirst.preparation.reference_cache.read_candidates`` reads (one
     ``{"task": key, "actions": [...]}`` per line), atomically; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,7 @@ dotted key and the value::
 
     cfg = load_config(RolloutSpeedupConfig, "configs/rollout_speedup_cpu.yaml", ["scheduler.b_max=64"])
 
-The sections themselves live with their owners (``actfirst.config``, each benchmark's package, each strategy).
+The sections themselves live with their owners (``actfirst.core.config``, each benchmark's package, each strategy).
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from typing import Any, Literal
 
 import yaml
 
-from actfirst.user_input import ConfigError, check_exists, read_text
+from actfirst.core.user_input import ConfigError, check_exists, read_text
 
 _CHECK_PATHS: contextvars.ContextVar[bool] = contextvars.ContextVar("actfirst_check_paths", default=True)
 
 
 @contextlib.contextmanager
 def paths_unchecked():
-    """Build configs whose input paths need not exist yet (``actfirst.preparation`` makes them; it then calls
+    """Build configs whose input paths need not exist yet (``actfirst.preparation.build`` makes them; it then calls
     :func:`check_paths`)."""
     token = _CHECK_PATHS.set(False)
     try:
@@ -58,7 +58,7 @@ def check(ok: bool, key: str, value: Any, why: str) -> None:
         raise ConfigError(f"{key}={value!r}: {why}")
 
 
-_TYPE_FROM = "actfirst.schema.type_from"
+_TYPE_FROM = "actfirst.core.schema.type_from"
 
 
 def type_from(resolve: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
@@ -99,7 +99,7 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if origin is tuple and args and args[-1] is not Ellipsis:
             check(len(value) == len(args), key, value, f"must have {len(args)} items")
-            return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
+            return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
         item = args[0] if args else Any
         items = [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
         return tuple(items) if origin is tuple else items

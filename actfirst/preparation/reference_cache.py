@@ -19,8 +19,8 @@ per-step information the transition checks need (ALFWorld admissible sets, Scien
 clickables); it holds no tokens, so it serves every student size. ``<out>.meta.json`` records the coverage. The
 build appends each finished task to its journal, ``<out>.partial``, as it goes (an interrupted build resumes from
 it) and publishes ``<out>`` only at 100% coverage, unless a partial cache is allowed, which the metadata then
-records. Several ranks (``actfirst.preparation``) each replay every R-th task into their own journal
-(:func:`replay_references`, ``actfirst.journal``), and one publishes the union (:func:`publish_references`).
+records. Several ranks (``actfirst.preparation.build``) each replay every R-th task into their own journal
+(:func:`replay_references`, ``actfirst.core.journal``), and one publishes the union (:func:`publish_references`).
 """
 
 from __future__ import annotations
@@ -34,12 +34,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from actfirst.core.files import write_atomically
+from actfirst.core.journal import Journal, format_eta, journal_path, read_journals, remove_journals
+from actfirst.core.user_input import ConfigError, read_jsonl, read_text
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
-from actfirst.files import write_atomically
-from actfirst.journal import Journal, format_eta, journal_path, read_journals, remove_journals
-from actfirst.user_input import ConfigError, read_jsonl, read_text
 
 
 class PartialCacheError(ConfigError):
@@ -81,7 +81,7 @@ async def build_one(benchmark: Benchmark, worker: EnvWorker, task: Any, candidat
         executed, transitions = await replay(worker, task, actions)
         if not benchmark.accepts_reference(transitions[-1]):
             continue
-        valid_only = [a for a, t in zip(executed, transitions[1:]) if t.valid]
+        valid_only = [a for a, t in zip(executed, transitions[1:], strict=False) if t.valid]
         if len(valid_only) < len(executed):  # e.g. ScienceWorld gold paths' "open door" no-ops (B.5 validity)
             trial, trial_transitions = await replay(worker, task, valid_only)
             if benchmark.accepts_reference(trial_transitions[-1]):
@@ -171,7 +171,7 @@ async def replay_references(benchmark: Benchmark, tasks: Sequence[Any], pool: En
                             candidate_files: Sequence[str | Path] = (), shorten: bool = True, rank: int = 0,
                             world: int = 1) -> dict[str, str]:
     """Select the references of this rank's share of ``tasks`` (every ``world``-th from ``rank``) that no rank's
-    journal of ``out`` holds yet (``actfirst.journal``), appending each to this rank's journal as it finishes;
+    journal of ``out`` holds yet (``actfirst.core.journal``), appending each to this rank's journal as it finishes;
     returns why each task that got none failed. :func:`publish_references` then writes the cache."""
     spec = benchmark.env_spec()
     wrong = [w.spec for w in pool.workers if w.spec != spec]

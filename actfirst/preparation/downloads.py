@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Literal
 
-from actfirst.files import write_atomically
+from actfirst.core.files import write_atomically
 
 CHUNK = 1 << 20
 STATE_DIR = ".actfirst-data"

@@ -10,11 +10,11 @@ the reference cache and of candidate files, replayed, filtered by outcome and tu
                                   thought="short")
     write_examples(work / "examples.pt", samples)
 
-Sources: the reference cache (``actfirst.reference_cache``: one trajectory per task) and candidate files, JSONL of
-``{"task": <key>, "actions": [...]}`` as ``actfirst.teacher_candidates.write_candidates`` writes a source model's
-rollouts (``<references>.teacher.jsonl``). A candidate line may also carry ``"thoughts": [...]``, one reasoning text
-(or null) per action: the source model's own thinking, which its full responses then hold; a step without one gets
-a thought written from the step (``actfirst.train.sft.THOUGHTS``, as the demo's models learn). The same action
+Sources: the reference cache (``actfirst.preparation.reference_cache``: one trajectory per task) and candidate files,
+JSONL of ``{"task": <key>, "actions": [...]}`` as ``actfirst.preparation.teacher_candidates.write_candidates`` writes a
+source model's rollouts (``<references>.teacher.jsonl``). A candidate line may also carry ``"thoughts": [...]``, one
+reasoning text (or null) per action: the source model's own thinking, which its full responses then hold; a step without
+one gets a thought written from the step (``actfirst.train.sft.THOUGHTS``, as the demo's models learn). The same action
 sequence of a task is kept once (with thoughts where any source has them).
 
 Every trajectory is replayed under the run's benchmark config (the cache's transitions are slimmed, and a prompt
@@ -36,13 +36,13 @@ from typing import Any
 
 import torch
 
+from actfirst.core.user_input import ConfigError, read_jsonl
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import Benchmark
-from actfirst.prompts import Mode, Step
-from actfirst.reference_cache import load_references, replay
-from actfirst.sample import Sample
+from actfirst.preparation.reference_cache import load_references, replay
+from actfirst.rollout.prompts import Mode, Step
+from actfirst.rollout.sample import Sample
 from actfirst.train.sft import THOUGHTS, ExpertStep, examples
-from actfirst.user_input import ConfigError, read_jsonl
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -218,7 +218,7 @@ class Examples:
         self.state = torch.load(path, mmap=True, weights_only=True)
         offsets, context = self.state["offsets"], self.state["context"]
         self.lengths: list[int] = (offsets[1:] - offsets[:-1]).tolist()
-        self.response_lengths: list[int] = [n - c for n, c in zip(self.lengths, context.tolist())]
+        self.response_lengths: list[int] = [n - c for n, c in zip(self.lengths, context.tolist(), strict=True)]
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -1,6 +1,6 @@
 """Method tables in the layout of the paper's Tables 1-3: any rollout strategies under one training config, each
 trained under several training seeds (``python -m actfirst.compare`` trains and evaluates the runs,
-``actfirst.comparison_runs``; this module reads them and writes the tables).
+``actfirst.comparison.runs``; this module reads them and writes the tables).
 
 A run's SR curve comes from its checkpoints, evaluated after training on the same episodes for every checkpoint of
 every run (``checkpoint_evals.jsonl``), its first point the warm start's evaluation (update 0, 0 s of training); a
@@ -44,11 +44,11 @@ from typing import Any
 
 import numpy as np
 
-from actfirst.config import RESUMABLE_CHANGES, ConfigError, TrainConfig, check_resumable
-from actfirst.eval_report import _finite, mean_sd
-from actfirst.files import write_atomically
+from actfirst.core.config import RESUMABLE_CHANGES, ConfigError, TrainConfig, check_resumable
+from actfirst.core.files import write_atomically
+from actfirst.core.schema import to_dict
+from actfirst.evaluation.report import _finite, mean_sd
 from actfirst.rollout.strategies import StrategyLabels
-from actfirst.schema import to_dict
 from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure
 
 METHODS = StrategyLabels()
@@ -407,7 +407,7 @@ def plot_seed_curves(methods: list[dict[str, Any]], path: str | Path, *, teacher
     if fig is None:
         return None
     axes = np.atleast_1d(fig.subplots(rows, columns, squeeze=False)).ravel()
-    for ax, seed in zip(axes, seeds):
+    for ax, seed in zip(axes, seeds, strict=False):
         for m in methods:
             for r in m["runs"]:
                 if r["seed"] == seed and r["curve"]:

@@ -1,8 +1,8 @@
 """What the user names (files, directories, models, output paths), checked before anything expensive starts, and
 the one place every command turns a user's error into one line.
 
-Every check raises :class:`ConfigError` (also importable from :mod:`actfirst.config`) naming the argument (a config key such as
-``student.model``, or a flag such as ``--checkpoint``), its value and what is wrong. :func:`command` wraps a
+Every check raises :class:`ConfigError` (also importable from :mod:`actfirst.core.config`) naming the argument (a config
+key such as ``student.model``, or a flag such as ``--checkpoint``), its value and what is wrong. :func:`command` wraps a
 command's ``main``: a ``ConfigError`` becomes one line on stderr and exit status 2; any other exception is a bug and
 keeps its traceback.
 """

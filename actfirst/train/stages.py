@@ -11,10 +11,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from actfirst.config import DEMO_CONFIG, TrainConfig
-from actfirst.eval_report import load_episodes, sr_change, teacher_summary
-from actfirst.preparation import ensure_prepared, load_run_config, resolve_models
-from actfirst.threads import thread_counts
+from actfirst.core.config import DEMO_CONFIG, TrainConfig
+from actfirst.core.threads import thread_counts
+from actfirst.evaluation.report import load_episodes, sr_change, teacher_summary
+from actfirst.preparation.build import ensure_prepared, load_run_config, resolve_models
 from actfirst.train.clock import PARTS, launch_info
 from actfirst.train.trackers import tracker_locations
 
@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 def prepare(cfg: TrainConfig, config: str | None, overrides: list[str], *, nproc: int = 1,
             in_child: bool) -> dict[str, float]:
     """Build what the run of ``cfg`` (loaded from ``config`` and ``overrides``, which hand on its resolved models:
-    ``actfirst.preparation.model_overrides``) needs that is missing (:func:`ensure_prepared`, its rollouts and replay
-    on ``nproc`` ranks). ``in_child``: in a child process, so that no engine or GPU memory of the preparation
+    ``actfirst.preparation.build.model_overrides``) needs that is missing (:func:`ensure_prepared`, its rollouts and
+    replay on ``nproc`` ranks). ``in_child``: in a child process, so that no engine or GPU memory of the preparation
     outlives it into the ranks."""
     if not in_child:
         return ensure_prepared(cfg, nproc)
@@ -69,7 +69,7 @@ def write_summary(cfg: TrainConfig, config: str | None, result: TrainResult, *,
                   threads: dict[str, Any] | None = None) -> dict:
     """``<out_dir>/run_summary.json`` of the run of ``config`` (None: the CPU demo's): teacher and student SRs, the SR
     change, the wall-clock of every session of the run (``wall_clock.json``: its parts sum to ``total_s``; speedups
-    use ``train_s``), the threads the lead rank computed with (``threads``: ``actfirst.threads.thread_counts`` as
+    use ``train_s``), the threads the lead rank computed with (``threads``: ``actfirst.core.threads.thread_counts`` as
     training started and at its end)."""
     from actfirst.train.plots import read_records, read_wall_clock
 

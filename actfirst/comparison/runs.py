@@ -1,9 +1,9 @@
 """The runs of ``python -m actfirst.compare``, each in a process of its own, so that no run inherits another's warm
 state or memory:
 
-1. Preparation (a spawned child): what every run needs (``actfirst.preparation.ensure_prepared``), then the warm
+1. Preparation (a spawned child): what every run needs (``actfirst.preparation.build.ensure_prepared``), then the warm
    start and the teacher evaluated on the run config's evaluation episodes. From these two SRs the same-SR threshold
-   is fixed (``compare.threshold``; ``actfirst.comparison.fixed_threshold``) and written to ``threshold.json``
+   is fixed (``compare.threshold``; ``actfirst.comparison.tables.fixed_threshold``) and written to ``threshold.json``
    before any training run starts.
 2. Training: every (strategy, seed) as ``python -m actfirst.run`` in its own process, in ABBA order over the seeds
    (:func:`run_order`), with checkpoints every ``compare.checkpoint_every`` updates, all kept, and no evaluation
@@ -31,10 +31,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from actfirst.comparison import CHECKPOINT_EVALS, fixed_threshold, run_dir
-from actfirst.config import DEMO_CONFIG, ConfigError, TrainConfig
-from actfirst.files import write_atomically
-from actfirst.threads import thread_counts
+from actfirst.comparison.tables import CHECKPOINT_EVALS, fixed_threshold, run_dir
+from actfirst.core.config import DEMO_CONFIG, ConfigError, TrainConfig
+from actfirst.core.files import write_atomically
+from actfirst.core.threads import thread_counts
 from actfirst.train.plots import read_records
 
 THRESHOLD = "threshold.json"
@@ -86,7 +86,7 @@ def fix_threshold(config: str | None, overrides: dict[str, list[str]], out: Path
 def prepare_and_evaluate(config: str | None, overrides: dict[str, list[str]], where: str) -> dict[str, dict]:
     """In the preparation's child: build what every strategy's run needs, then evaluate the warm start and the
     teacher on the evaluation's episodes; returns their rows (as ``evals.jsonl``'s, at update 0 and 0 s)."""
-    from actfirst.preparation import ensure_prepared, load_run_config, resolve_models
+    from actfirst.preparation.build import ensure_prepared, load_run_config, resolve_models
 
     cfgs = [resolve_models(load_run_config(config, o)) for o in overrides.values()]
     for cfg in cfgs:
@@ -136,10 +136,10 @@ def evaluate_run(config: str | None, overrides: Sequence[str], path: str | Path)
 def evaluate_models(config: str | None, overrides: Sequence[str], models: list[tuple[int, str, float]],
                     where: Path, *, name: str = "update", rows: Path | None = None) -> list[dict[str, Any]]:
     """Evaluate each (update, model directory, training seconds) of ``models`` as the run of ``config`` evaluates
-    (``actfirst.evaluation.run_serving``), on one engine started on the first model into which every later one's
-    weights are loaded (the same architecture); reports ``<where>/<name>_<update>.json``, rows (returned, and
+    (``actfirst.evaluation.evaluate.run_serving``), on one engine started on the first model into which every later
+    one's weights are loaded (the same architecture); reports ``<where>/<name>_<update>.json``, rows (returned, and
     appended to ``rows`` as each finishes)."""
-    from actfirst.evaluation import run_serving, served
+    from actfirst.evaluation.evaluate import run_serving, served
 
     plan, engine_cfg, scheduler_cfg = run_serving(str(config or DEMO_CONFIG), models[0][1], overrides)
     where.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ into place, so an interrupted preparation never leaves a half-written model or c
 The teacher's rollouts and the replay (:data:`STAGES`) are shared by ``nproc`` ranks, one in this process or several
 started as ``python -m actfirst.prepare --stage`` (:func:`run_stage`: rank r takes the training tasks r, r + R, ...;
 the teacher on each rank's own engine, ``scheduler.b_max`` episodes in flight). Each rank appends every finished
-task to its journal (``actfirst.journal``), so that a killed preparation resumes, on any number of ranks, with the
+task to its journal (``actfirst.core.journal``), so that a killed preparation resumes, on any number of ranks, with the
 missing tasks only; the journals are merged atomically once every task is done.
 """
 
@@ -35,15 +35,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from actfirst.config import DEMO_CONFIG, BuildModelsConfig, ConfigError, EngineConfig, SFTConfig, TrainConfig
+from actfirst.core.config import DEMO_CONFIG, BuildModelsConfig, ConfigError, EngineConfig, SFTConfig, TrainConfig
+from actfirst.core.files import write_atomically
+from actfirst.core.schema import load_config, paths_unchecked
+from actfirst.core.user_input import check_model_dir, check_writable_dir
 from actfirst.envs.benchmarks import Benchmark, get_benchmark
-from actfirst.eval_report import TEACHER_EVAL
-from actfirst.files import write_atomically
+from actfirst.evaluation.report import TEACHER_EVAL
 from actfirst.models.hub import model_commit, resolve_model
 from actfirst.models.tokenizers import check_tokenizers_match
-from actfirst.reference_cache import load_references, read_candidates
-from actfirst.schema import load_config, paths_unchecked
-from actfirst.user_input import check_model_dir, check_writable_dir
+from actfirst.preparation.reference_cache import load_references, read_candidates
 
 SFT_RECORD = "actfirst_sft.json"
 """How a built model was trained (losses, wall-clock, throughput), in its directory."""
@@ -197,7 +197,7 @@ class RankFailed(RuntimeError):
 def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark, nproc: int) -> Path:
     """The teacher's rollouts that may become references, as candidates (cached as ``<references>.teacher.jsonl``):
     played on ``nproc`` ranks, each task's as it finishes in its rank's journal, merged once all are done."""
-    from actfirst.teacher_candidates import merge_candidates
+    from actfirst.preparation.teacher_candidates import merge_candidates
 
     path = _teacher_path(cfg)
     if path.is_file():
@@ -213,7 +213,7 @@ def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark, nproc: int) -> Pat
 
 
 def _build_references(cfg: TrainConfig, benchmark: Benchmark, candidate_files: list[str], nproc: int) -> None:
-    from actfirst.reference_cache import publish_references
+    from actfirst.preparation.reference_cache import publish_references
 
     tasks = cfg.training_tasks(benchmark)
     print(f"[prepare] reference cache for {len(tasks)} training tasks on {nproc} rank(s) -> {cfg.references}",
@@ -235,8 +235,8 @@ def _on_ranks(cfg: TrainConfig, stage: str, nproc: int) -> None:
     if nproc == 1:
         run_stage(cfg, stage)
         return
+    from actfirst.core.schema import config_json
     from actfirst.parallel.launch import launch_ranks
-    from actfirst.schema import config_json
 
     config = Path(f"{cfg.references}.{stage}.config.json")
     config.parent.mkdir(parents=True, exist_ok=True)
@@ -267,7 +267,7 @@ def _teacher_share(cfg: TrainConfig, benchmark: Benchmark, rank: int, world: int
 
     from actfirst.engine.core import ActFirstEngine
     from actfirst.parallel.context import all_gather_objects, init_parallel
-    from actfirst.teacher_candidates import play_share
+    from actfirst.preparation.teacher_candidates import play_share
 
     if world > 1:  # every rank's engine joins the job's group (vLLM's external_launcher); ranks may finish days apart
         init_parallel(timeout_s=STAGE_TIMEOUT_S)
@@ -290,7 +290,7 @@ def _teacher_share(cfg: TrainConfig, benchmark: Benchmark, rank: int, world: int
 def _references_share(cfg: TrainConfig, benchmark: Benchmark, rank: int, world: int) -> None:
     """Rank ``rank``'s reference replay, with its share of the CPU cores as simulator workers."""
     from actfirst.envs.workers import EnvPool
-    from actfirst.reference_cache import replay_references
+    from actfirst.preparation.reference_cache import replay_references
 
     tasks = cfg.training_tasks(benchmark)
     size = max(1, min(len(range(rank, len(tasks), world)), (os.cpu_count() or 2) // world))
@@ -322,7 +322,7 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
     from transformers import AutoModelForCausalLM
 
     from actfirst.models.build import build_model
-    from actfirst.prompts import Mode
+    from actfirst.rollout.prompts import Mode
     from actfirst.train.sft import THOUGHTS, examples, sft
 
     thoughts = cfg.prepare.build_models.thoughts
@@ -374,7 +374,7 @@ def evaluate_teacher(cfg: TrainConfig, benchmark: Benchmark) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from actfirst.engine.core import ActFirstEngine
-    from actfirst.evaluation import evaluate, pick_tasks
+    from actfirst.evaluation.evaluate import evaluate, pick_tasks
 
     spec = cfg.evaluation
     if spec is None:

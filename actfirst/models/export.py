@@ -27,13 +27,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from actfirst.eval_report import load_report
-from actfirst.files import fsync_path
+from actfirst.core.files import fsync_path
+from actfirst.core.user_input import ConfigError, check_model_dir
+from actfirst.evaluation.report import load_report
 from actfirst.models.hub import hub_name, is_hub_id
 from actfirst.rollout.strategies import STRATEGIES
 from actfirst.train.checkpoint import load_checkpoint
 from actfirst.train.plots import read_records
-from actfirst.user_input import ConfigError, check_model_dir
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 MODEL_FILES = ("config.json", "generation_config.json")

@@ -4,8 +4,8 @@ Three generation modes per benchmark: the full response (think-then-act), next-a
 only) and reference-conditioned inverse dynamics (action only, with the reference next observation). A benchmark's
 templates (``Benchmark.templates``, in its package's ``prompts``) are the paper's, word for word; the paper's text
 lost its spaces and line breaks, which are restored in the layout of the GiGPO/verl-agent prompts the paper builds
-on (one line per sentence group, a blank line before "Now it's your turn"). The paper's typographic characters are kept as printed: ’ in "it’s", the en dash in
-"–[MISSING CURRENT ACTION]–>", the ellipsis in "search[…]".
+on (one line per sentence group, a blank line before "Now it's your turn"). The paper's typographic characters are kept
+as printed: ’ in "it’s", the en dash in "–[MISSING CURRENT ACTION]–>", the ellipsis in "search[…]".
 
 History (B.2): the stored history is the executed observation–action pairs, never reasoning or unexecuted actions.
 For each request the oldest pair is dropped until the chat-templated prompt fits its token budget; with no pair

@@ -1,5 +1,5 @@
 """The config sections of a run: the engine, scheduler, rollouts, update, evaluation and preparation, and
-:class:`TrainConfig` that holds them (the loading machinery and ``check``: ``actfirst.schema``)::
+:class:`TrainConfig` that holds them (the loading machinery and ``check``: ``actfirst.core.schema``)::
 
     cfg = load_config(TrainConfig, "configs/demo/scienceworld_lifespan.yaml", ["scheduler.b_max=64"])
 """
@@ -12,16 +12,16 @@ import reprlib
 from pathlib import Path
 from typing import Any, Literal
 
+from actfirst.core.schema import check, check_dir, paths_checked, to_dict, type_from
+from actfirst.core.user_input import ConfigError, check_exists
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import BENCHMARKS
 from actfirst.models.hub import is_hub_id
-from actfirst.prompts import PromptSet
+from actfirst.rollout.prompts import PromptSet
 from actfirst.rollout.strategies import STRATEGIES, TCODConfig, UOPDConfig
-from actfirst.schema import check, check_dir, paths_checked, to_dict, type_from
 from actfirst.train.trackers import check_report_to
-from actfirst.user_input import ConfigError, check_exists
 
-DEMO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo" / "scienceworld_lifespan.yaml"
+DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo" / "scienceworld_lifespan.yaml"
 """The CPU demo's config (``python -m actfirst.run`` with no ``--config``)."""
 
 
@@ -159,7 +159,8 @@ class RolloutSpeedupConfig:
         check(1 <= lo <= hi, "context_tokens", self.context_tokens, "must be (lo, hi) with 1 <= lo <= hi")
         for name in ("full_response_tokens", "b_max", "turns", "turns_sweep", "concurrency_sweep"):
             values = getattr(self, name)
-            check(len(values) > 0 and all(v >= 1 for v in values), name, values, "must be a non-empty list of ints >= 1")
+            check(len(values) > 0 and all(v >= 1 for v in values), name, values,
+                  "must be a non-empty list of ints >= 1")
         for policy in self.admission_policies:
             check(policy in ("wait", "reserve", "preempt"), "admission_policies", self.admission_policies,
                    "entries must be 'wait', 'reserve' or 'preempt'")
@@ -470,7 +471,7 @@ class ParallelConfig:
 
 
 def env_section_type(values: dict[str, Any]) -> Any:
-    """The type of a config's ``env:`` (a training config's, ``actfirst.teacher_sft``'s), from its ``benchmark``
+    """The type of a config's ``env:`` (a training config's, ``actfirst.teacher.sft``'s), from its ``benchmark``
     (None for none or an unknown one: the config's own check names it)."""
     name = values.get("benchmark")
     return BENCHMARKS[name].config_class | None if name in BENCHMARKS else None
@@ -660,7 +661,7 @@ class TrainConfig:
 
 def check_paths(cfg: TrainConfig, *, references: bool = True) -> None:
     """Raise :class:`ConfigError` naming the first input path of ``cfg`` that does not exist (``references``: the
-    reference cache too); a Hub id is resolved later (``actfirst.preparation.resolve_models``)."""
+    reference cache too); a Hub id is resolved later (``actfirst.preparation.build.resolve_models``)."""
     for key, name in (("student.model", cfg.student.model), ("teacher", cfg.teacher)):
         if not is_hub_id(name):
             check_exists(name, key)

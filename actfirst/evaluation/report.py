@@ -1,7 +1,8 @@
 """The evaluation report (Appendix C.1, C.4): per-seed SR / Score / Round, mean and sample SD across seeds, overall
 and per task type, a pooled Wilson interval of the success rate, a JSON form and a printed markdown table.
 
-Everything here is pure arithmetic on :class:`EpisodeRecord` rows; :func:`actfirst.evaluation.evaluate` produces them.
+Everything here is pure arithmetic on :class:`EpisodeRecord` rows; :func:`actfirst.evaluation.evaluate.evaluate`
+produces them.
 
 - Per seed r (Eq. 33): SR_r = 100 x mean success, Score_r = mean final score on [0, 100], Round_r = mean executed
   turns (invalid action attempts included), over the episodes of that seed (overall) or of one task type.
@@ -31,7 +32,7 @@ WILSON_Z = 1.959963984540054
 """The standard normal 97.5% quantile: a two-sided 95% interval."""
 OVERALL = "overall"
 TEACHER_EVAL = "actfirst_eval.json"
-"""A built teacher's evaluation report, in its directory (``actfirst.preparation`` writes it)."""
+"""A built teacher's evaluation report, in its directory (``actfirst.preparation.build`` writes it)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -170,7 +171,7 @@ def sr_change(first: Sequence[EpisodeRecord], last: Sequence[EpisodeRecord]) -> 
     return {"points": 100 * d, "ci95": [100 * lo, 100 * hi], "beyond_noise": lo > 0 or hi < 0,
             "method": "paired: Newcombe (1998) method 10, episodes matched by (seed, task)",
             "ci95_unpaired": [100 * ulo, 100 * uhi], "table": dict(zip(("both", "first_only", "last_only",
-                                                                          "neither"), table))}
+                                                                          "neither"), table, strict=True))}
 
 
 def load_episodes(path: str | Path) -> list[EpisodeRecord]:

@@ -6,7 +6,7 @@ RL engine (docs/teacher.md).
 Layout while it runs, beside ``out``::
 
     <out>.partial/  config.json        the run's config (a rerun with another one is refused)
-                    examples.pt        the tokenized samples (``actfirst.teacher_data``), built once by rank 0
+                    examples.pt        the tokenized samples (``actfirst.teacher.data``), built once by rank 0
                     data.json          where they came from: per source given / kept / filtered, tasks covered
                     checkpoints/       ``actfirst.train.state``'s checkpoints: the float32 model, AdamW's sharded
                                        state (DCP) and the data position (the optimizer step), committed atomically
@@ -36,13 +36,13 @@ from typing import Any, Literal
 
 import torch
 
-from actfirst.config import SFT_MODES, OptimConfig, env_section_type
+from actfirst.core.config import SFT_MODES, OptimConfig, env_section_type
+from actfirst.core.files import write_atomically
+from actfirst.core.schema import check, check_dir, config_json, load_config, paths_checked, to_dict, type_from
+from actfirst.core.user_input import ConfigError, check_exists
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from actfirst.envs.response_format import ACTION_TAGS
-from actfirst.files import write_atomically
 from actfirst.models.hub import is_hub_id
-from actfirst.schema import check, check_dir, config_json, load_config, paths_checked, to_dict, type_from
-from actfirst.user_input import ConfigError, check_exists
 
 RECORD = "actfirst_teacher_sft.json"
 """How a teacher made here was trained, in its directory."""
@@ -146,14 +146,14 @@ def load_teacher_config(path: str | None, overrides: list[str], *, train_config:
     ``references``, when this config names none) the teacher takes, so that it replays what the run trains on."""
     if train_config is None:
         return load_config(TeacherSFTConfig, path, overrides)
-    from actfirst.preparation import load_run_config
+    from actfirst.preparation.build import load_run_config
 
     run = load_run_config(train_config, [])
     taken = [f"benchmark={run.benchmark}", f"env={json.dumps(to_dict(run.env) if run.env is not None else None)}"]
     if run.references is not None:
         taken.append(f"references={run.references}")
     if path is not None:
-        from actfirst.schema import read_config_file
+        from actfirst.core.schema import read_config_file
 
         own = read_config_file(path)
         clash = [k for k in ("benchmark", "env") if k in own]
@@ -183,8 +183,8 @@ def ensure_examples(cfg: TeacherSFTConfig) -> Path:
     file. Rank 0's work: the others wait for the file (:func:`wait_for`)."""
     from transformers import AutoTokenizer
 
-    from actfirst.prompts import Mode
-    from actfirst.teacher_data import build_samples, write_examples
+    from actfirst.rollout.prompts import Mode
+    from actfirst.teacher.data import build_samples, write_examples
 
     work = cfg.work_dir
     path = work / EXAMPLES

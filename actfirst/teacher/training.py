@@ -1,4 +1,4 @@
-"""One rank of ``python -m actfirst.make_teacher``: the SFT loop of ``actfirst.teacher_sft`` under FSDP2, its
+"""One rank of ``python -m actfirst.make_teacher``: the SFT loop of ``actfirst.teacher.sft`` under FSDP2, its
 checkpoints, its progress line and the published teacher (the layout and the arithmetic: that module's docstring).
 
 The loss of an optimizer step is the mean negative log-likelihood of every response token of its samples on all
@@ -15,15 +15,24 @@ from typing import Any
 
 import torch
 
+from actfirst.core.schema import to_dict
 from actfirst.kernels.dispatch import logprob_gather
 from actfirst.models.loading import empty_model, load_weights
 from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.parallel.context import ParallelContext, broadcast_object, init_parallel, reduce_sum
 from actfirst.parallel.fsdp import apply_fsdp, total_grad_norm
-from actfirst.schema import to_dict
-from actfirst.teacher_data import Examples
-from actfirst.teacher_sft import (DATA, EXAMPLES, TeacherSFTConfig, batch_plan, compute_dtype, ensure_examples,
-                                  publish, rank_share, wait_for)
+from actfirst.teacher.data import Examples
+from actfirst.teacher.sft import (
+    DATA,
+    EXAMPLES,
+    TeacherSFTConfig,
+    batch_plan,
+    compute_dtype,
+    ensure_examples,
+    publish,
+    rank_share,
+    wait_for,
+)
 from actfirst.train.checkpoint import latest_checkpoint
 from actfirst.train.head import LMHeadModel
 from actfirst.train.packing import MicroBatch, pack, pad_across_ranks
@@ -178,7 +187,7 @@ def _record(trainer: TeacherTrainer, final_nll: float | None) -> dict[str, Any]:
     """What ``actfirst_teacher_sft.json`` holds: the config, the data, the losses per step and per epoch, the probe."""
     p, cfg = trainer.progress, trainer.cfg
     by_epoch: dict[int, list[float]] = {}
-    for loss, (epoch, _) in zip(p.losses, trainer.plan):
+    for loss, (epoch, _) in zip(p.losses, trainer.plan, strict=False):
         by_epoch.setdefault(epoch, []).append(loss)
     return {"config": to_dict(cfg), "data": json.loads((cfg.work_dir / DATA).read_text()),
             "optimizer_steps": len(trainer.plan), "step_losses": p.losses,

@@ -36,12 +36,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from actfirst.config import (ConfigError, EngineConfig, EvaluationConfig, RolloutConfig, SchedulerConfig,
-                             TrainConfig)
+from actfirst.core.config import (
+    ConfigError,
+    EngineConfig,
+    EvaluationConfig,
+    RolloutConfig,
+    SchedulerConfig,
+    TrainConfig,
+)
+from actfirst.core.files import write_atomically
+from actfirst.core.schema import load_config, paths_unchecked
 from actfirst.envs.benchmarks import Benchmark, get_benchmark
-from actfirst.eval_report import EpisodeRecord, EvalReport, response_hash
-from actfirst.files import write_atomically
-from actfirst.schema import load_config, paths_unchecked
+from actfirst.evaluation.report import EpisodeRecord, EvalReport, response_hash
 
 EVAL_SEEDS = (42, 43, 44)
 """C.4's evaluation seeds."""
@@ -99,7 +105,7 @@ async def play_jobs(workers: Sequence[Any], jobs: deque, play: Callable[[Any, An
             for worker in workers:
                 group.create_task(slot(worker))
     except BaseExceptionGroup as group_error:
-        raise group_error.exceptions[0]
+        raise group_error.exceptions[0] from group_error.exceptions[0].__cause__
 
 
 def order_rows(benchmark: Benchmark, types: Sequence[str]) -> list[str]:
