@@ -3,7 +3,9 @@
 Each ``EnvWorker`` owns one environment in a spawned process and answers ``reset``/``step`` over a pipe, from
 synchronous code (``call``) or from the asyncio loop that drives the engine (``acall``: the pipe and the process
 sentinel are watched by the loop). An exception inside the environment raises ``EnvError`` with the worker's
-traceback.
+traceback. A worker whose environment cannot start raises ``EnvStartError`` (``actfirst.envs.startup``), the
+benchmark's own (handed on from the worker as it is) or one naming how the worker failed to start; an ``EnvPool``
+then closes the workers it had started.
 
 A worker is dead when its process ended or a process it started (ScienceWorld's JVM) ended or is a zombie. Whatever
 is left of a dead worker is killed and the worker restarted, and the death is reported by ``WorkerDied`` with its
@@ -40,7 +42,9 @@ from typing import Any
 
 import psutil
 
+from actfirst.core.user_input import UserError
 from actfirst.envs.base import EnvFactory
+from actfirst.envs.startup import EnvStartError
 
 __all__ = ["EnvError", "EnvPool", "EnvWorker", "WorkerDied"]
 
@@ -63,6 +67,9 @@ def _worker_main(conn, spec: EnvFactory) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the workers
     try:
         env = spec.make_env()
+    except UserError as e:  # one the user can fix (a simulator that cannot start): handed on as it is
+        conn.send(("refused", e))
+        return
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return
@@ -176,7 +183,9 @@ class EnvWorker:
 
     def start(self) -> None:
         """Start the process (if not started) and wait until its environment is built (at most
-        :data:`_START_TIMEOUT_S`)."""
+        :data:`_START_TIMEOUT_S`). One that cannot start leaves nothing running and raises ``EnvStartError`` (the
+        environment's own, or one naming how the worker failed), or ``EnvError`` for any other exception of the
+        environment's start."""
         with self._lock:
             if self._proc is not None:
                 return
@@ -188,21 +197,25 @@ class EnvWorker:
             child.close()
             self._conn = parent
             _LIVE.add(self)
+            pid = self._proc.pid
             try:
-                if not parent.poll(_START_TIMEOUT_S):
-                    raise WorkerDied(f"{self.spec.benchmark} worker did not start within {_START_TIMEOUT_S:.0f} s")
-                status, payload = parent.recv()
+                if parent.poll(_START_TIMEOUT_S):
+                    status, payload = parent.recv()
+                else:
+                    status, payload = "died", f"did not start within {_START_TIMEOUT_S:.0f} s (killed)"
             except (EOFError, OSError):
                 self._proc.join(5)
-                status, payload = "died", (f"{self.spec.benchmark} worker exited while starting "
-                                           f"({_exit_reason(self._proc.exitcode)})")
-            except WorkerDied as e:
-                status, payload = "died", str(e)
+                status, payload = "died", f"exited while starting ({_exit_reason(self._proc.exitcode)})"
             if status != "ok":
                 self._discard()
                 if self._closing:
                     raise WorkerDied(f"{self.spec.benchmark} worker was closed while it started")
-                raise (EnvError if status == "error" else WorkerDied)(payload)
+                if status == "refused":
+                    raise payload
+                if status == "error":
+                    raise EnvError(f"{self.spec.benchmark} environment error in worker {pid} as it started:\n"
+                                   f"{payload}")
+                raise EnvStartError(self.spec.benchmark, f"its environment worker {pid} {payload}")
             self._children = []
             for process in _descendants(self._proc.pid):
                 try:
@@ -474,8 +487,13 @@ class EnvPool:
         self.workers = [EnvWorker(spec, call_timeout_s) for _ in range(size)]
 
     def start(self) -> EnvPool:
-        for worker in self.workers:
-            worker.start()
+        """Start every worker; when one cannot start, close those started and raise its error."""
+        try:
+            for worker in self.workers:
+                worker.start()
+        except BaseException:
+            self.close()
+            raise
         return self
 
     def close(self) -> None:
