@@ -13,38 +13,25 @@ every step); look-around and inventory are read when ``state()`` asks. A reset l
 
 from __future__ import annotations
 
-import os
-
 from actfirst.envs.base import EnvState, TextEnv, Transition
 from actfirst.envs.checks import normalize_set, normalize_text
+from actfirst.envs.scienceworld.simulator import JVM_OPTIONS, start_simulator
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 
 SUCCESS_SCORE = 99.999  # Appendix C.1
-# One JVM per environment: a serial collector and one processor each keep many JVMs from fighting over the cores.
-# Measured on the 2-core VM (bench/env_throughput.py, 16 workers): 8.1 vs 4.0 steps/s, 272 vs 426 MiB per worker.
-JVM_OPTIONS = "-XX:+UseSerialGC -XX:ActiveProcessorCount=1"
 
 
 class ScienceWorldTextEnv(TextEnv):
-    """One JVM-backed ScienceWorld simulator, reloaded for each task."""
+    """One JVM-backed ScienceWorld simulator, reloaded for each task (one that cannot start raises
+    ``EnvStartError``: ``actfirst.envs.scienceworld.simulator``)."""
 
     benchmark = "scienceworld"
 
     def __init__(self, max_turns: int = 30, simplification: str = "easy", jvm_options: str = JVM_OPTIONS):
-        from scienceworld import ScienceWorldEnv
-
         self.max_turns = max_turns
         self.simplification = simplification
-        user_options = os.environ.get("JAVA_TOOL_OPTIONS")
-        os.environ["JAVA_TOOL_OPTIONS"] = f"{jvm_options} {user_options or ''}".strip()  # read by the JVM at start
-        try:
-            # The simulator's own step limit must never end an episode before ours does.
-            self._env = ScienceWorldEnv("", envStepLimit=10 * max_turns + 100)
-        finally:
-            if user_options is None:
-                del os.environ["JAVA_TOOL_OPTIONS"]
-            else:
-                os.environ["JAVA_TOOL_OPTIONS"] = user_options
+        # The simulator's own step limit must never end an episode before ours does.
+        self._env = start_simulator(10 * max_turns + 100, jvm_options)
         self._admissible: tuple[str, ...] | None = None  # the current state's list, once built
         self._lists = True  # whether every transition of the episode carries its list (reset's ``admissible``)
         self._best = 0.0

@@ -36,10 +36,11 @@ class ScienceWorldTask:
 
 
 def scienceworld_max_variations() -> dict[str, int]:
-    """Number of variations of every task type, read from the simulator (starts and stops one JVM)."""
-    from scienceworld import ScienceWorldEnv
+    """Number of variations of every task type, read from the simulator (starts and stops one JVM; one that cannot
+    start raises ``EnvStartError``)."""
+    from actfirst.envs.scienceworld.simulator import start_simulator
 
-    env = ScienceWorldEnv("", envStepLimit=10)
+    env = start_simulator(step_limit=10)
     try:
         return {t: env.get_max_variations(t) for t in TASK_TYPES}
     finally:
