@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from actfirst.core.schema import load_config
 from actfirst.core.user_input import ConfigError
 from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
-from actfirst.envs.checks import CheckResult
+from actfirst.envs.checks import PASSED, CheckResult, normalize_text
 from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
 from actfirst.preparation.downloads import BenchmarkData
 
@@ -74,6 +74,9 @@ class Benchmark(abc.ABC):
     """The benchmark's name (``benchmark:`` in a training config)."""
     config_class: ClassVar[type]
     """Its config section (``env:`` in a training config): a ``kw_only`` dataclass checked in ``__post_init__``."""
+    transition_class: ClassVar[type[Transition]] = Transition
+    """What its environment's reset and step return, and what its reference cache's transitions are read back as: a
+    subclass of ``Transition`` where the benchmark has per-step data of its own (ScienceWorld's action templates)."""
     config_dir: ClassVar[Path] = CONFIG_DIR
     """Where its default config file ``<name>.yaml`` is."""
     templates: ClassVar[Mapping[Any, tuple[str, str, str, str]]] = {}
@@ -105,6 +108,13 @@ class Benchmark(abc.ABC):
     """What ``python -m actfirst.data <name>`` fetches and where it puts it (``actfirst/envs/<name>/data.py``); None:
     the benchmark declares no data."""
 
+    @classmethod
+    def environment_text(cls) -> list[str]:
+        """Text of this benchmark's environment and prompts for the small ``env-bpe`` tokenizer of models built from
+        scratch (``actfirst.models.build.environment_corpus``), read from what its simulator's package ships (no
+        download); none by default."""
+        return []
+
     def __init__(self, config: Any):
         if not isinstance(config, self.config_class):
             raise ValueError(f"config={config!r}: benchmark {self.name!r} needs a {self.config_class.__name__}, "
@@ -128,6 +138,11 @@ class Benchmark(abc.ABC):
     def prompt_fields(self, current: Transition) -> dict[str, str]:
         """The admissible-action fields of this benchmark's B.1 templates, from the current transition."""
 
+    def action_commands(self, current: Transition) -> tuple[str, ...]:
+        """The action commands its prompt lists apart from the admissible actions, the same at every step of an
+        episode (ScienceWorld's action templates); none by default."""
+        return ()
+
     def reference_observation(self, observation: str) -> str:
         """A reference next observation as the inverse-dynamics prompt shows it (unchanged but on WebShop)."""
         return observation
@@ -148,15 +163,38 @@ class Benchmark(abc.ABC):
               previous: CheckResult | None = None) -> CheckResult:
         """The B.5 check of the student's turn ``t`` (0-based: from ``current`` by ``action`` to ``next``) against
         the reference's turn ``t``; ``previous`` is this episode's previous check result. Past the reference's last
-        action there is nothing to match: the check fails with reason "reference exhausted"."""
+        action there is nothing to match: the check fails with reason "reference exhausted". A benchmark without
+        reference trajectories (no ``fast_actions``) has nothing to check against: ``NotImplementedError``."""
+        if not self.fast_actions:
+            raise NotImplementedError(f"benchmark {self.name!r} has no reference trajectories to check against (B.5)")
         if t >= len(reference.actions):
             return CheckResult(False, "reference exhausted")
         return self._check(reference, t, action=action, current=current, next=next, previous=previous)
 
-    @abc.abstractmethod
     def _check(self, reference: Reference, t: int, *, action: str, current: Transition, next: Transition,
                previous: CheckResult | None) -> CheckResult:
-        """``check`` for a turn the reference covers."""
+        """``check`` for a turn the reference covers: B.5's conditions in order, each failure named. The action is
+        valid in ``current`` (:meth:`valid_action`); the termination flags agree; the next observations are equal
+        under :meth:`normalize_observation`; then the benchmark's own conditions (:meth:`_check_next`). A benchmark
+        whose check departs from this order (WebShop's search-results exception) overrides it."""
+        ref_next = reference.transitions[t + 1]
+        if not self.valid_action(action, current):
+            return CheckResult(False, "invalid action")
+        if next.done != ref_next.done:
+            return CheckResult(False, "termination mismatch")
+        if self.normalize_observation(next.observation) != self.normalize_observation(ref_next.observation):
+            return CheckResult(False, "observation mismatch")
+        return self._check_next(next, ref_next)
+
+    def normalize_observation(self, observation: str) -> str:
+        """An observation as the check compares it: B.5's normalization (``normalize_text``), unless the benchmark
+        adds its own rules (ScienceWorld's sorted enumerations)."""
+        return normalize_text(observation)
+
+    def _check_next(self, next: Transition, ref_next: Transition) -> CheckResult:
+        """The benchmark's own B.5 conditions on the student's and the reference's next transitions, once the common
+        ones hold (ALFWorld: the admissible sets; ScienceWorld: the action templates); none by default."""
+        return PASSED
 
     @abc.abstractmethod
     def task_key(self, task: Any) -> str:

@@ -18,8 +18,10 @@ from actfirst.envs.benchmarks import BENCHMARKS, EnvSpec, config_path, get_bench
 from actfirst.envs.checks import CheckResult
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.tasks import SIMPLIFICATIONS, TASK_TYPES
+from actfirst.envs.scienceworld.transition import ScienceWorldTransition
 from actfirst.envs.webshop.checks import SEARCH_MISMATCH_ALLOWED
 from actfirst.envs.webshop.config import WebShopConfig
+from actfirst.envs.webshop.transition import WebShopTransition
 from actfirst.envs.workers import EnvPool
 from actfirst.preparation.reference_cache import build_references
 
@@ -127,23 +129,27 @@ def test_webshop_splits_keys_and_reference_observation():
 
 
 def test_action_validity():
-    current = Transition(observation="o", admissible=("go to desk 1", "help", "b09abc1234"), score=0, done=False,
-                         won=False, has_search_bar=True)
+    shared = dict(observation="o", admissible=("go to desk 1", "help", "b09abc1234"), score=0, done=False, won=False)
+    current, page = Transition(**shared), WebShopTransition(**shared, has_search_bar=True)
     alfworld, scienceworld, webshop = (get_benchmark(n) for n in ("alfworld", "scienceworld", "webshop"))
     assert alfworld.valid_action("Go to  desk 1", current) and not alfworld.valid_action("help", current)
     assert scienceworld.valid_action("help", current) and not scienceworld.valid_action("go to desk 2", current)
-    assert webshop.valid_action("search[red shirt]", current) and webshop.valid_action("click[B09ABC1234]", current)
-    assert not webshop.valid_action("go to desk 1", current) and not webshop.valid_action("click[b00]", current)
+    assert webshop.valid_action("search[red shirt]", page) and webshop.valid_action("click[B09ABC1234]", page)
+    assert not webshop.valid_action("go to desk 1", page) and not webshop.valid_action("click[b00]", page)
+    assert not webshop.valid_action("search[red shirt]", WebShopTransition(**shared))  # no search bar
 
 
 def test_prompt_fields():
-    current = Transition(observation="o", admissible=("go to desk 1", "b09abc1234"), score=0, done=False, won=False,
-                         templates=("look around", "go to LOC"), objects=("kitchen",), has_search_bar=True)
-    assert get_benchmark("alfworld").prompt_fields(current) == {"admissible_actions": "'go to desk 1', 'b09abc1234'"}
-    assert get_benchmark("scienceworld").prompt_fields(current) == {"action_templates": "look around, go to LOC",
-                                                                    "objects": "kitchen"}
-    assert get_benchmark("webshop").prompt_fields(current) == {
+    shared = dict(observation="o", admissible=("go to desk 1", "b09abc1234"), score=0, done=False, won=False)
+    assert get_benchmark("alfworld").prompt_fields(Transition(**shared)) == {
+        "admissible_actions": "'go to desk 1', 'b09abc1234'"}
+    room = ScienceWorldTransition(**shared, templates=("look around", "go to LOC"), objects=("kitchen",))
+    assert get_benchmark("scienceworld").prompt_fields(room) == {"action_templates": "look around, go to LOC",
+                                                                 "objects": "kitchen"}
+    assert get_benchmark("webshop").prompt_fields(WebShopTransition(**shared, has_search_bar=True)) == {
         "available_actions": "'search[<your query>]',\n'click[go to desk 1]',\n'click[b09abc1234]'"}
+    assert get_benchmark("scienceworld").action_commands(room) == ("look around", "go to LOC")
+    assert get_benchmark("alfworld").action_commands(Transition(**shared)) == ()  # none but ScienceWorld's
 
 
 # -- WebShop's check over an episode (pages in WebShop's text format; WebShop itself is not installable here) ----
@@ -157,8 +163,8 @@ def page(n, *asins):
 
 
 def state(observation, clickables=(), *, search=False, done=False, score=0.0):
-    return Transition(observation=observation, admissible=tuple(clickables), score=score, done=done,
-                      won=score >= 99.999, has_search_bar=search)
+    return WebShopTransition(observation=observation, admissible=tuple(clickables), score=score, done=done,
+                             won=score >= 99.999, has_search_bar=search)
 
 
 HOME = state(f"{INSTRUCTION} [SEP] Search", search=True)
@@ -249,7 +255,47 @@ def test_references_are_built_only_by_the_configured_environment(tmp_path):
 
 def test_reference_cache_lines_round_trip():
     line = REFERENCE.to_json()
-    assert Reference.from_json(line) == REFERENCE and json.loads(line)["task"] == "0"
+    assert Reference.from_json(line, WebShopTransition) == REFERENCE and json.loads(line)["task"] == "0"
+    assert json.loads(line)["transitions"][0]["has_search_bar"] is True
+    # a transition crosses to a worker process and back whole, of its benchmark's class
+    assert pickle.loads(pickle.dumps(REFERENCE.transitions)) == REFERENCE.transitions
+
+
+# One transition of each benchmark as its cache line held it before each benchmark's data moved into its own
+# Transition subclass: every benchmark's fields on every line.
+OLD_LINES = {
+    "alfworld": {"observation": "You arrive at desk 1.", "admissible": ["go to bed 1", "look"], "score": 0.0,
+                 "done": False, "won": False, "valid": True, "turn": 1, "truncated": False,
+                 "task_description": "put a pen on the bed.", "templates": [], "objects": [],
+                 "has_search_bar": False},
+    "scienceworld": {"observation": "This room is called the kitchen.", "admissible": [], "score": 8.0,
+                     "done": False, "won": False, "valid": True, "turn": 2, "truncated": False,
+                     "task_description": "Your task is to boil water.", "templates": ["look around", "go to LOC"],
+                     "objects": [], "has_search_bar": False},
+    "webshop": {"observation": "WebShop [SEP] Search", "admissible": [], "score": 0.0, "done": False, "won": False,
+                "valid": True, "turn": 0, "truncated": False, "task_description": "i need a red shirt",
+                "templates": [], "objects": [], "has_search_bar": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(OLD_LINES))
+def test_a_cache_written_before_the_transition_subclasses_loads(name, tmp_path):
+    from actfirst.preparation.reference_cache import load_references, transition_config
+
+    benchmark = get_benchmark(name)
+    cache = tmp_path / "refs.jsonl"
+    cache.write_text(json.dumps({"task": "t", "actions": ["look"], "source": "old",
+                                 "transitions": [OLD_LINES[name], {**OLD_LINES[name], "turn": 9}]}) + "\n")
+    cache.with_name("refs.jsonl.meta.json").write_text(json.dumps({
+        "benchmark": name, "config": transition_config(benchmark.config), "coverage": 1.0}))
+    for given in (benchmark, None):  # None: the class of the benchmark the metadata names
+        (first, last) = load_references(cache, benchmark=given)["t"].transitions
+        assert type(first) is benchmark.transition_class and last.turn == 9
+        assert {k: list(v) if isinstance(v, tuple) else v for k, v in first.to_dict().items()} == {
+            k: v for k, v in OLD_LINES[name].items() if k in first.to_dict()}
+    assert (getattr(first, "templates", ()), getattr(first, "has_search_bar", False)) == {
+        "alfworld": ((), False), "scienceworld": (("look around", "go to LOC"), False),
+        "webshop": ((), True)}[name]
 
 
 def test_the_registry_loads_the_packages_without_their_simulators():
