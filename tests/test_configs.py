@@ -1,5 +1,5 @@
-"""Every shipped YAML (configs/, bench/configs/) loads into its class; the nine training configs hold the paper's
-settings.
+"""Every shipped YAML (configs/, bench/configs/, the benchmarks' default files in their packages) loads into its class;
+the nine training configs hold the paper's settings.
 
 No engine, model or environment is started: paths are overridden with empty temporary directories and files.
 """
@@ -13,7 +13,7 @@ import yaml
 from actfirst.core.config import ConfigError, ModelConfig, TrainConfig
 from actfirst.core.schema import load_config
 from actfirst.envs.benchmarks import BENCHMARKS as REGISTRY
-from actfirst.envs.benchmarks import get_benchmark
+from actfirst.envs.benchmarks import config_path, get_benchmark
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.rollout.strategies import STRATEGIES
@@ -26,8 +26,9 @@ pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: rea
 
 ROOT = Path(__file__).parents[1]
 CONFIGS = ROOT / "configs"
-SHIPPED = sorted([*CONFIGS.rglob("*.yaml"), *(ROOT / "bench" / "configs").rglob("*.yaml")])
-"""The config files the repository ships (the benchmarks' default env files are their packages')."""
+SHIPPED = sorted([*CONFIGS.rglob("*.yaml"), *(ROOT / "bench" / "configs").rglob("*.yaml"),
+                  *(ROOT / "actfirst" / "envs").glob("*/*.yaml")])
+"""The config files the repository ships (the benchmarks' default env files in their packages)."""
 TRAIN = sorted(p for p in (CONFIGS / "train").rglob("qwen3-*.yaml"))
 """The nine ActFirst settings (the other methods' configs build on them: test_method_configs)."""
 METHOD_CONFIGS = sorted(p for p in (CONFIGS / "train").rglob("*.yaml") if not p.name.startswith("qwen3-"))
@@ -42,7 +43,7 @@ def config_class(path: Path) -> type:
     rel = path.relative_to(ROOT).parts
     if rel[:2] in (("configs", "train"), ("configs", "demo")):
         return TrainConfig
-    if rel[:2] == ("configs", "envs"):
+    if rel[:2] == ("actfirst", "envs"):
         return REGISTRY[path.stem].config_class
     if rel[:2] == ("configs", "teacher"):
         return TeacherSFTConfig
@@ -67,11 +68,11 @@ def test_training_config_holds_the_paper_settings(path, paths):
     env = cfg.env
     assert isinstance(env, REGISTRY[bench].config_class) and env.max_turns == TURN_LIMITS[bench]
     if bench == "scienceworld":
-        default = load_config(ScienceWorldConfig, CONFIGS / "envs" / "scienceworld.yaml")
+        default = load_config(ScienceWorldConfig, config_path("scienceworld"))
         assert env.train_task_types == default.train_task_types and len(env.train_task_types) == 17
         assert env.simplification == "easy"
     if bench == "webshop":  # C.1: the full product catalog, as the default env file has it
-        assert env == load_config(WebShopConfig, CONFIGS / "envs" / "webshop.yaml")
+        assert env == load_config(WebShopConfig, config_path("webshop"))
         assert (env.product_file, env.attribute_file, env.num_products) == ("items_shuffle.json", "items_ins_v2.json",
                                                                           None)
     # The placeholders name this setting (the overrides replaced them in cfg).

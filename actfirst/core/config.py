@@ -446,7 +446,7 @@ class TrainConfig:
     """A registered benchmark's name (``actfirst.envs.benchmarks.BENCHMARKS``)."""
     env: Any = dataclasses.field(default=None, metadata=type_from(env_section_type))
     """The benchmark's environment section, of its ``Benchmark.config_class`` (absent or null: its default file,
-    configs/envs/<benchmark>.yaml)."""
+    actfirst/envs/<benchmark>/<benchmark>.yaml)."""
     student: EngineConfig
     """The student: its Hugging Face directory and the in-process vLLM engine serving it."""
     teacher: str

@@ -1,9 +1,9 @@
 """The benchmark API: the ``Benchmark`` base class, the registry of benchmarks by name, ``EnvSpec`` and task selection.
 
 A benchmark is one package, ``actfirst.envs.<name>`` (alfworld, scienceworld, webshop, search): its typed config
-(``configs/envs/<name>.yaml``), environment, transition check, prompt templates and its ``Benchmark`` subclass,
-which the package registers with :func:`register_benchmark`. Everything that differs between benchmarks lives in
-that subclass::
+(default file: ``<name>.yaml`` in the package, package data), environment, transition check, prompt templates and its
+``Benchmark`` subclass, which the package registers with :func:`register_benchmark`. Everything that differs between
+benchmarks lives in that subclass::
 
     benchmark = get_benchmark("scienceworld")              # or get_benchmark("alfworld", ALFWorldConfig(...))
     env = benchmark.make_env()                              # exactly the configured environment
@@ -20,6 +20,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import inspect
+import logging
+import os
 import pkgutil
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,8 +39,12 @@ from actfirst.preparation.downloads import BenchmarkData
 if TYPE_CHECKING:
     from actfirst.envs.workers import EnvWorker
 
+logger = logging.getLogger(__name__)
+
 SPLITS = ("train", "eval")
-CONFIG_DIR = Path(__file__).parents[2] / "configs" / "envs"
+FORMER_CONFIG_DIR = ("configs", "envs")
+"""Where the built-in benchmarks' files were before they moved into their packages: ``configs/envs/<name>.yaml`` and
+``configs/envs/<name>/<file>`` (WebShop's goal pools), now ``actfirst/envs/<name>/`` (:func:`moved_file`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -77,8 +84,6 @@ class Benchmark(abc.ABC):
     transition_class: ClassVar[type[Transition]] = Transition
     """What its environment's reset and step return, and what its reference cache's transitions are read back as: a
     subclass of ``Transition`` where the benchmark has per-step data of its own (ScienceWorld's action templates)."""
-    config_dir: ClassVar[Path] = CONFIG_DIR
-    """Where its default config file ``<name>.yaml`` is."""
     templates: ClassVar[Mapping[Any, tuple[str, str, str, str]]] = {}
     """B.1's prompt templates per ``actfirst.rollout.prompts.Mode``: (head, with-history block, no-history block, tail),
     the admissible-action fields filled from :meth:`prompt_fields` (none where the observation is the whole prompt)."""
@@ -298,8 +303,28 @@ def register_benchmark(cls: type[Benchmark]) -> type[Benchmark]:
 
 
 def config_path(name: str) -> Path:
-    """The default config file of benchmark ``name``: ``<config_dir>/<name>.yaml`` (``configs/envs/<name>.yaml``)."""
-    return benchmark_class(name).config_dir / f"{name}.yaml"
+    """The default config file of benchmark ``name``: ``<name>.yaml`` beside the module that defines its class (a
+    built-in benchmark's package data: ``actfirst/envs/<name>/<name>.yaml``)."""
+    return Path(inspect.getfile(benchmark_class(name))).parent / f"{name}.yaml"
+
+
+def moved_file(path: str | os.PathLike) -> Path:
+    """``path``; or, where it names a file under ``configs/envs/`` that is no longer there, the same file where it is
+    now, in its benchmark's package (``configs/envs/alfworld.yaml`` -> ``actfirst/envs/alfworld/alfworld.yaml``,
+    ``configs/envs/webshop/003-train.txt`` -> ``actfirst/envs/webshop/003-train.txt``), so that configs and command
+    lines written before the move still work; a warning names the new place."""
+    given = Path(path)
+    parts = given.parts
+    at = next((i for i in range(len(parts) - 2) if parts[i:i + 2] == FORMER_CONFIG_DIR), None)
+    if given.exists() or at is None:
+        return given
+    rest = parts[at + 2:]
+    here = Path(__file__).parent
+    moved = here / Path(rest[0]).stem / rest[0] if len(rest) == 1 else here.joinpath(*rest)
+    if not moved.is_file():
+        return given
+    logger.warning("%s: moved into its benchmark's package, read from %s (name that path instead)", path, moved)
+    return moved
 
 
 def benchmark_class(name: str) -> type[Benchmark]:
@@ -316,9 +341,10 @@ def get_benchmark(name: str, config: Any = None) -> Benchmark:
 
 
 def load_benchmark(name: str, path: str | Path | None = None, overrides: list[str] | None = None) -> Benchmark:
-    """Benchmark ``name`` with its config read from ``path`` (None: the default file) plus dotted overrides."""
+    """Benchmark ``name`` with its config read from ``path`` (None: the default file; a former ``configs/envs/``
+    path: :func:`moved_file`) plus dotted overrides."""
     cls = benchmark_class(name)
-    return cls(load_config(cls.config_class, config_path(name) if path is None else path, overrides))
+    return cls(load_config(cls.config_class, config_path(name) if path is None else moved_file(path), overrides))
 
 
 def select_tasks(benchmark: Benchmark, tasks: list, task_types: Sequence[str] | None = None,

@@ -321,3 +321,40 @@ def test_registration_refuses_what_is_not_a_benchmark():
     nameless = type("Nameless", (BENCHMARKS["alfworld"],), {"name": "not a name"})
     with pytest.raises(TypeError, match=r"Nameless.name='not a name': must be an identifier"):
         register_benchmark(nameless)
+
+
+def test_the_default_config_files_are_package_data():
+    """Each built-in benchmark's default config is ``<name>.yaml`` in its package, and every non-Python file of the
+    benchmark packages is in pyproject's package-data, so that a wheel carries it."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    envs = root / "actfirst" / "envs"
+    for name in ("alfworld", "scienceworld", "search", "webshop"):
+        assert config_path(name) == envs / name / f"{name}.yaml"
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = [p for p in envs.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")]
+    assert {p.suffix for p in data} == {".yaml", ".txt"}
+    for path in data:
+        patterns = package_data.get(f"actfirst.envs.{path.parent.name}", [])
+        assert any(fnmatch.fnmatch(path.name, p) for p in patterns), f"{path.relative_to(root)}: not package data"
+
+
+def test_a_former_configs_envs_path_still_loads(caplog, tmp_path, monkeypatch):
+    """Command lines and configs written when the default files were under ``configs/envs/`` keep working: the file is
+    read where it is now, with a warning that names that place."""
+    monkeypatch.chdir(tmp_path)  # whatever the working directory
+    for name in ("alfworld", "scienceworld", "webshop"):
+        with caplog.at_level("WARNING", logger="actfirst.envs.benchmarks"):
+            assert load_benchmark(name, f"configs/envs/{name}.yaml", ["max_turns=7"]).config == \
+                load_benchmark(name, overrides=["max_turns=7"]).config
+        assert f"read from {config_path(name)}" in caplog.text
+    old = WebShopConfig(num_products=1000, train_goals="configs/envs/webshop/003-train.txt",
+                        eval_goals="/repo/configs/envs/webshop/003-test-128.txt")
+    assert [len(get_benchmark("webshop", old).tasks(s)) for s in ("train", "eval")] == [6410, 128]  # 003's D.1
+    with pytest.raises(ConfigError, match=r"train_goals='configs/envs/webshop/nothing.txt': no such file"):
+        WebShopConfig(train_goals="configs/envs/webshop/nothing.txt")
+    with pytest.raises(ConfigError, match=r"--config='configs/envs/nothing.yaml'"):
+        load_benchmark("alfworld", "configs/envs/nothing.yaml")

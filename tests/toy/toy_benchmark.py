@@ -10,7 +10,6 @@ one (``Benchmark._check``: a valid action, the reference's termination flag and 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from actfirst.core.schema import check
 from actfirst.envs.base import TextEnv, Transition
@@ -100,7 +99,6 @@ TEMPLATES = {
 class ToyBenchmark(Benchmark):
     name = "toy"
     config_class = ToyConfig
-    config_dir = Path(__file__).parent
     templates = TEMPLATES
     fast_actions = True
 
