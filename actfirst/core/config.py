@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from actfirst.core.schema import check, check_dir, paths_checked, to_dict, type_from
 from actfirst.core.user_input import ConfigError, check_exists
-from actfirst.envs.benchmarks import BENCHMARKS
+from actfirst.envs.benchmarks import BENCHMARKS, import_benchmark_module
 from actfirst.models.hub import is_hub_id
 from actfirst.rollout.prompts import PromptSet
 from actfirst.rollout.strategies import STRATEGIES, TCODConfig, UOPDConfig
@@ -411,7 +411,9 @@ class ParallelConfig:
 
 def env_section_type(values: dict[str, Any]) -> Any:
     """The type of a config's ``env:`` (a training config's, ``actfirst.teacher.sft``'s), from its ``benchmark``
-    (None for none or an unknown one: the config's own check names it)."""
+    (None for none or an unknown one: the config's own check names it), once its ``benchmark_module`` (if any) is
+    imported."""
+    import_benchmark_module(values.get("benchmark_module"))
     name = values.get("benchmark")
     return BENCHMARKS[name].config_class | None if name in BENCHMARKS else None
 
@@ -444,6 +446,10 @@ class TrainConfig:
 
     benchmark: str
     """A registered benchmark's name (``actfirst.envs.benchmarks.BENCHMARKS``)."""
+    benchmark_module: str | None = None
+    """A module that registers ``benchmark`` when imported, for a benchmark defined outside ``actfirst/envs`` (a
+    dotted name importable from the working directory or ``PYTHONPATH``; ``tests/toy/train.yaml``); every process of
+    the run imports it (ranks, preparation, environment workers). null: a built-in benchmark."""
     env: Any = dataclasses.field(default=None, metadata=type_from(env_section_type))
     """The benchmark's environment section, of its ``Benchmark.config_class`` (absent or null: its default file,
     actfirst/envs/<benchmark>/<benchmark>.yaml)."""
@@ -520,7 +526,10 @@ class TrainConfig:
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:
-        check(self.benchmark in BENCHMARKS, "benchmark", self.benchmark, f"must be one of {sorted(BENCHMARKS)}")
+        import_benchmark_module(self.benchmark_module)
+        check(self.benchmark in BENCHMARKS, "benchmark", self.benchmark, f"must be one of {sorted(BENCHMARKS)}"
+              + ("" if self.benchmark_module is None else f" (benchmark_module={self.benchmark_module!r} registers "
+                                                          f"no benchmark of this name)"))
         benchmark = BENCHMARKS[self.benchmark]
         check(self.env is None or isinstance(self.env, benchmark.config_class), "env", self.env,
                f"must be a {benchmark.config_class.__name__} (the config of benchmark={self.benchmark!r})")

@@ -12,7 +12,9 @@ benchmarks lives in that subclass::
     result = benchmark.check(reference, t, action=a, current=cur, next=nxt, previous=result)   # Appendix B.5
 
 A benchmark defined elsewhere (a test's, a user's) registers the same way and is then known by name everywhere
-(``benchmark:`` in a training config, ``get_benchmark``); its worker processes receive its class by reference.
+(``benchmark:`` in a training config, ``get_benchmark``) once its module is imported: a training config names that
+module in ``benchmark_module:`` (:func:`import_benchmark_module`), which every process of the run imports; its worker
+processes receive its class by reference, which imports the module there before the environment is built.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ FORMER_CONFIG_DIR = ("configs", "envs")
 @dataclasses.dataclass(frozen=True, slots=True)
 class EnvSpec:
     """What a worker process needs to build a benchmark's environment (picklable): the benchmark, its class (pickled
-    by reference, so that a spawned worker needs no registry of its own) and its config.
+    by reference: a spawned worker imports the module that defines it, and needs no registry of its own) and its
+    config.
 
     There is no turn-limit override for the reference builder: an environment's turn limit only marks a step
     ``truncated`` and never ends an episode (ScienceWorld's own step limit is 10 x max_turns + 100), so references
@@ -294,6 +297,19 @@ class Registry(Mapping[str, type[Benchmark]]):
 
 BENCHMARKS = Registry()
 """Every known benchmark by name."""
+
+
+def import_benchmark_module(module: str | None, key: str = "benchmark_module") -> None:
+    """Import ``module`` (a dotted module name, found on ``sys.path``: the working directory of ``python -m``, or
+    ``PYTHONPATH``), which registers a benchmark defined outside ``actfirst/envs`` (None: nothing). One that cannot be
+    imported is a :class:`ConfigError` naming ``key`` and the error."""
+    if module is None:
+        return
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"{key}={module!r}: cannot import it ({type(e).__name__}: {e}); give a module importable "
+                          f"from the working directory or PYTHONPATH") from None
 
 
 def register_benchmark(cls: type[Benchmark]) -> type[Benchmark]:

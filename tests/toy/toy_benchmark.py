@@ -1,5 +1,6 @@
 """A toy benchmark defined outside ``actfirst/``, registered through the public registry: the proof that a benchmark
-is one unit (``tests/test_toy_benchmark.py`` drives it through a rollout, a training update and an evaluation).
+is one unit (``tests/toy/test_toy_benchmark.py`` drives it through a rollout, a training run of
+``python -m actfirst.run`` on ``train.yaml`` and an evaluation).
 
 A corridor of rooms 0, 1, 2, ...; the agent starts in room 0 and wins by reaching the task's goal room. Actions are
 ``forward``, ``back`` and ``wait`` (``back`` only beyond room 0); anything else is an invalid action that still
