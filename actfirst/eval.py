@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--benchmark", choices=sorted(BENCHMARKS),
                         help="evaluate on a benchmark without a run config")
     parser.add_argument("--env-config",
-                        help="with --benchmark: env config file (default configs/envs/<benchmark>.yaml)")
+                        help="with --benchmark: env config file (default actfirst/envs/<benchmark>/<benchmark>.yaml)")
     parser.add_argument("--split", choices=["train", "eval"], help="evaluation.split")
     parser.add_argument("--tasks", type=int, help="evaluation.tasks: N tasks, round-robin over task types (0: all)")
     parser.add_argument("--seeds", type=int, nargs="+", help="evaluation.seeds")

@@ -38,7 +38,7 @@ from actfirst.core.files import write_atomically
 from actfirst.core.journal import Journal, format_eta, journal_path, read_journals, remove_journals
 from actfirst.core.user_input import ConfigError, read_jsonl, read_text
 from actfirst.envs.base import Reference, Transition
-from actfirst.envs.benchmarks import Benchmark
+from actfirst.envs.benchmarks import Benchmark, benchmark_class
 from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
 
 
@@ -100,9 +100,11 @@ async def build_one(benchmark: Benchmark, worker: EnvWorker, task: Any, candidat
 
 def load_references(path: str | Path, *, benchmark: Benchmark | None = None, tasks: Sequence[str] = (),
                     allow_partial: bool = False, key: str = "references") -> dict[str, Reference]:
-    """A cache by task key. Refused (:class:`ConfigError` naming ``key`` and the path): a missing file or metadata, a
-    malformed line, a cache of another benchmark or benchmark config than ``benchmark``'s, coverage below 100%
-    (unless ``allow_partial``: :class:`PartialCacheError`), and a cache without a reference for one of ``tasks``."""
+    """A cache by task key, its transitions of its benchmark's ``Benchmark.transition_class`` (``benchmark``'s, or
+    that of the benchmark its metadata names). Refused (:class:`ConfigError` naming ``key`` and the path): a missing
+    file or metadata, a malformed line, a cache of another benchmark or benchmark config than ``benchmark``'s, or of
+    no known benchmark, coverage below 100% (unless ``allow_partial``: :class:`PartialCacheError`), and a cache
+    without a reference for one of ``tasks``."""
     what = f"{key}={str(path)!r}"
     if not Path(f"{path}.meta.json").is_file():
         raise ConfigError(f"{what}: no {Path(path).name}.meta.json beside it: not a cache written by "
@@ -110,13 +112,19 @@ def load_references(path: str | Path, *, benchmark: Benchmark | None = None, tas
     meta = json.loads(read_text(f"{path}.meta.json", f"{key} metadata"))
     if benchmark is not None:
         _check_cache_of(meta, benchmark, what)
+        transition_class = benchmark.transition_class
+    else:
+        try:
+            transition_class = benchmark_class(meta.get("benchmark")).transition_class
+        except ValueError as e:
+            raise ConfigError(f"{what}: its metadata names {e}") from None
     if meta["coverage"] < 1.0 and not allow_partial:
         raise PartialCacheError(f"{what}: coverage {meta['coverage']:.1%} ({meta['covered']}/{meta['tasks']}), "
                                 f"missing {meta['missing'][:10]}; pass allow_partial=True to use it anyway")
     refs = {}
     for n, row in read_jsonl(path, key):
         try:
-            ref = Reference.from_dict(row)
+            ref = Reference.from_dict(row, transition_class)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{what}: line {n} is not a reference ({type(e).__name__}: {e})") from None
         refs[ref.task] = ref

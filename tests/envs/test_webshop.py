@@ -42,7 +42,7 @@ from actfirst.envs.webshop.env import (
 from actfirst.envs.workers import EnvPool
 from actfirst.preparation.reference_cache import load_references, replay, transition_config
 
-POOLS = Path(__file__).resolve().parents[2] / "configs" / "envs" / "webshop"
+POOLS = Path(__file__).resolve().parents[2] / "actfirst" / "envs" / "webshop"
 WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
 needs_webshop = pytest.mark.skipif(not WEBSHOP_INSTALLED,
                                    reason="WebShop is not installed (its code and data are not on PyPI)")

@@ -13,10 +13,11 @@ every step); look-around and inventory are read when ``state()`` asks. A reset l
 
 from __future__ import annotations
 
-from actfirst.envs.base import EnvState, TextEnv, Transition
+from actfirst.envs.base import EnvState, TextEnv
 from actfirst.envs.checks import normalize_set, normalize_text
 from actfirst.envs.scienceworld.simulator import JVM_OPTIONS, start_simulator
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
+from actfirst.envs.scienceworld.transition import ScienceWorldTransition
 
 SUCCESS_SCORE = 99.999  # Appendix C.1
 
@@ -59,14 +60,14 @@ class ScienceWorldTextEnv(TextEnv):
                 return best >= SUCCESS_SCORE
         return False
 
-    def reset(self, task: ScienceWorldTask, admissible: bool = True) -> Transition:
+    def reset(self, task: ScienceWorldTask, admissible: bool = True) -> ScienceWorldTransition:
         self._env.load(task.task_type, task.variation, self.simplification)  # the server's reset() is this load again
         self._best, self._turn, self._lists = 0.0, 0, admissible
         self._task_description = self._env.server.freeActionTaskDesc().removeprefix("Task Description:").strip()
         observation, done = self._execute("look around")  # what ScienceWorldEnv.reset does, as its first move
         return self._transition(observation, done=done, valid=True)
 
-    def step(self, action: str) -> Transition:
+    def step(self, action: str) -> ScienceWorldTransition:
         valid = None if self._admissible is None else normalize_text(action) in normalize_set(self._admissible)
         observation, done = self._execute(action)
         self._turn += 1
@@ -94,14 +95,15 @@ class ScienceWorldTextEnv(TextEnv):
         done = server.getCompleted() or score < 0 or server.getNumMoves() > self._env.envStepLimit
         return observation, bool(done)
 
-    def _transition(self, observation: str, *, done: bool, valid: bool | None) -> Transition:
+    def _transition(self, observation: str, *, done: bool, valid: bool | None) -> ScienceWorldTransition:
         self._admissible = None
         listed = self.admissible() if self._lists else None
-        return Transition(observation=observation, admissible=listed, score=self._best, done=done,
-                          won=self._best >= SUCCESS_SCORE, valid=valid, turn=self._turn,
-                          truncated=self._truncated(self._turn, done), task_description=self._task_description,
-                          templates=tuple(self._env.get_possible_actions()),
-                          objects=tuple(self._env.get_possible_objects()))
+        return ScienceWorldTransition(observation=observation, admissible=listed, score=self._best, done=done,
+                                      won=self._best >= SUCCESS_SCORE, valid=valid, turn=self._turn,
+                                      truncated=self._truncated(self._turn, done),
+                                      task_description=self._task_description,
+                                      templates=tuple(self._env.get_possible_actions()),
+                                      objects=tuple(self._env.get_possible_objects()))
 
     def close(self) -> None:
         self._env.close()

@@ -2,7 +2,7 @@
 
 Training uses the first half of the variations of 17 task types; evaluation uses the last five variations of
 each of all 30 types (85 instances from the trained types, 65 from the other 13). The paper does not name the 17;
-ours are in ``configs/envs/scienceworld.yaml``.
+ours are in ``actfirst/envs/scienceworld/scienceworld.yaml``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Search's data as ``python -m actfirst.data search`` fetches it (UOPD D.1, in Search-R1's setting), into
-``data/search`` by default, where ``configs/envs/search.yaml`` reads the questions:
+``data/search`` by default, where ``actfirst/envs/search/search.yaml`` reads the questions:
 
 - the questions: FlashRAG's JSONL files on Hugging Face (``RUC-NLPIR/FlashRAG_datasets``), the ones Search-R1's
   ``qa_search_train_merge.py`` (NQ + HotpotQA train: 169,615) and ``qa_search_test_merge.py`` (HotpotQA,
@@ -44,7 +44,7 @@ class SearchData(BenchmarkData):
     )
 
     def default_dest(self) -> Path:
-        """``data/search``: where ``configs/envs/search.yaml`` reads the questions."""
+        """``data/search``: where ``actfirst/envs/search/search.yaml`` reads the questions."""
         return Path("data") / "search"
 
     def finish(self, dest: Path) -> None:

@@ -1,4 +1,4 @@
-"""WebShop's config section (``env:`` of a WebShop run; ``configs/envs/webshop.yaml``)."""
+"""WebShop's config section (``env:`` of a WebShop run; its default file: ``webshop.yaml`` beside this module)."""
 
 from __future__ import annotations
 
@@ -29,10 +29,10 @@ class WebShopConfig:
     train_goals: str | None = None
     """The training goal pool: a file of goal indices (``actfirst.envs.webshop.goals``), or None for C.1's goals
     0-4095. 003's pool of 6,410 instructions (D.1, with the 1,000-product catalog):
-    ``configs/envs/webshop/003-train.txt``."""
+    ``actfirst/envs/webshop/003-train.txt``."""
     eval_goals: str | None = None
     """The evaluation goal pool, disjoint from ``train_goals``: a file, or None for C.1's goals 4096-4195. 003's 128
-    test instructions (D.1): ``configs/envs/webshop/003-test-128.txt``."""
+    test instructions (D.1): ``actfirst/envs/webshop/003-test-128.txt``."""
 
     def __post_init__(self) -> None:
         check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")

@@ -25,6 +25,7 @@ from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.webshop.checks import webshop_action_valid
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.webshop.goals import goal_pool
+from actfirst.envs.webshop.transition import WebShopTransition
 
 SUCCESS_SCORE = 99.999
 GOAL_SEED = 233
@@ -213,12 +214,14 @@ class WebShopTextEnv(TextEnv):
                            price_upper=float(goal["price_upper"]),
                            product_options={k: tuple(v) for k, v in product["options"].items()})
 
-    def _transition(self, observation: str, *, done: bool, valid: bool) -> Transition:
+    def _transition(self, observation: str, *, done: bool, valid: bool) -> WebShopTransition:
         self._available = self._env.get_available_actions()
-        return Transition(observation=observation, admissible=tuple(c.lower() for c in self._available["clickables"]),
-                          score=self._score, done=done, won=self._score >= SUCCESS_SCORE, valid=valid,
-                          turn=self._turn, truncated=self._truncated(self._turn, done),
-                          task_description=self._instruction, has_search_bar=bool(self._available["has_search_bar"]))
+        return WebShopTransition(observation=observation,
+                                 admissible=tuple(c.lower() for c in self._available["clickables"]),
+                                 score=self._score, done=done, won=self._score >= SUCCESS_SCORE, valid=valid,
+                                 turn=self._turn, truncated=self._truncated(self._turn, done),
+                                 task_description=self._instruction,
+                                 has_search_bar=bool(self._available["has_search_bar"]))
 
     def close(self) -> None:
         self._env.close()
