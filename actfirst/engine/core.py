@@ -31,6 +31,7 @@ resumed after a preemption enters again, with the current version's salt, and re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Iterable
@@ -164,6 +165,13 @@ class ActFirstEngine:
         if request.status == RequestStatus.RUNNING:
             self.vllm.abort([request.engine_request_id])
         self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    def update_phase(self) -> contextlib.AbstractContextManager[None]:
+        """The context to run an update in, in the update's own thread (teacher scoring and the student's steps): on
+        CUDA the update's stream, ordered after what this engine's thread queued before and finished on the GPU when
+        the block ends, so that decode steps never queue behind an update kernel and the next weight gather reads
+        the finished weights (``actfirst.engine.streams``); nothing on the CPU."""
+        return self.vllm.streams.update_phase() if self.vllm.streams is not None else contextlib.nullcontext()
 
     def sleep(self) -> None:
         """Free the engine's GPU memory while the trainer updates (``student.sleep_level``); the next
