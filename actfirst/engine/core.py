@@ -26,6 +26,10 @@ its prefix cache while requests hold KV blocks, so instead every request enters 
 weight version at that moment (vLLM mixes it into the hash of the first block, hence of every block after it): a
 request that enters later can only hit blocks computed by requests that entered under the same version. A request
 resumed after a preemption enters again, with the current version's salt, and recomputes its KV.
+
+On CUDA the engine steps on a high-priority stream of its own and the trainer runs its update inside
+:meth:`ActFirstEngine.update_phase`, on another (``actfirst.engine.streams``): decode steps never queue behind the
+update's kernels, and the weights a sync gathers are the finished ones.
 """
 
 from __future__ import annotations
