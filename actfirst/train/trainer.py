@@ -74,6 +74,7 @@ from actfirst.parallel.context import (
     init_parallel,
     reduce_max,
     reduce_sum,
+    wait_for_ranks,
 )
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
@@ -730,6 +731,7 @@ class Trainer:
             tqdm.write(f"evaluation at update {update}: {len(self.eval_plan.tasks)} tasks x seeds {spec.seeds}")
         report = await self.eval_plan.play(self.engine, self.tokenizer, progress=False, pool=self.pool,
                                            shard=(self.ctx.rank, self.ctx.world_size))
+        wait_for_ranks()  # shares may end hours apart: past the process group's timeout
         parts = all_gather_objects(report)
         self.engine.records.clear()  # the evaluation's requests are not the next update's queue statistics
         wall = reduce_max([time.perf_counter() - t0])[0]
