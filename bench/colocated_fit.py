@@ -16,9 +16,12 @@ In order, at world size 1:
 4. the student through the trainer's loading path: ``empty_model`` (meta, float32) -> its attention ->
    activation checkpointing -> ``apply_fsdp`` -> ``load_weights`` from that directory;
 5. the teacher, a random Qwen3-8B built on the device in the config's dtype, replicated (``TeacherScorer``);
-6. two updates: teacher scoring, the student's forward and backward and AdamW's step (``StudentUpdater``), the
-   weight sync's bucketed gather (``gathered_parameters``, the engine's dtype, ``parallel.sync_bucket_mb``); on
-   ``--responses`` samples of the config's longest (3,584 context + 512 response tokens), two to a row.
+6. two updates: teacher scoring, the student's forward and backward and AdamW's step (``StudentUpdater``), then
+   the weight sync's bucketed gather (``gathered_parameters``, the engine's dtype, ``parallel.sync_bucket_mb``); on
+   ``--responses`` samples of the config's longest (3,584 context + 512 response tokens), two to a row. As in the
+   trainer, the update runs in a thread of its own inside ``StreamSplit.update_phase`` and everything else in this
+   thread on the engine's stream (``actfirst.engine.streams``): the caching allocator keeps each stream's blocks
+   apart, which the peaks then include.
 
 Each phase's Markdown row is printed as it ends (seconds, tokens/s, allocated and reserved peaks, the reserved peak
 at 8 ranks, the plan's phase at 8 ranks from ``bench/memory_plan.py`` and their ratio) and ``--out`` is rewritten,
@@ -30,11 +33,13 @@ CPU (``--shrunken``): tiny shapes, no cap, peak RSS for both peaks: the code pat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import shutil
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -113,6 +118,7 @@ def load_student(model_dir: Path, cfg: object, ctx: object, compute: torch.dtype
 def run_updates(args: argparse.Namespace, cfg: object, ctx: object, meter: Meter, report: Report, policy, teacher,
                 p_student: int, p_teacher: int) -> None:
     """Two updates, phase by phase (score, fwd_bwd, step, sync), each row as it ends; then the MFU of update 2."""
+    from actfirst.engine.streams import stream_split
     from actfirst.parallel.weight_sync import gathered_parameters
     from actfirst.train.student import StudentUpdater
 
@@ -122,21 +128,30 @@ def run_updates(args: argparse.Namespace, cfg: object, ctx: object, meter: Meter
     per_sample = cfg.rollout.max_prompt_tokens + cfg.rollout.budget.total if not args.shrunken else 256
     samples = row_samples(per_sample * args.responses, args.responses, SHAPES[args.student][6], seed=0)
     tokens = sum(s.num_tokens for s in samples)
+    split = stream_split()
+
+    def update() -> None:  # the trainer's update thread: on the update's stream (actfirst.engine.streams)
+        if ctx.device.type == "cuda":
+            torch.cuda.set_device(ctx.device)
+        with split.update_phase() if split is not None else contextlib.nullcontext():
+            meter.switch("score")
+            teacher.score(samples)
+            meter.switch("fwd_bwd")
+            updater.update(samples, current_version=0)
+
     rows = {}
-    for update in (1, 2):
-        for s in samples:
-            s.teacher_logprobs = None
-        meter.switch("score")
-        teacher.score(samples)
-        meter.switch("fwd_bwd")
-        updater.update(samples, current_version=0)
-        meter.switch("sync")
-        for _ in gathered_parameters(policy.model, dtype=DTYPES[cfg.student.dtype],
-                                     bucket_bytes=cfg.parallel.sync_bucket_mb << 20):
-            pass
-        meter.switch(None)
-        for phase in ("score", "fwd_bwd", "step", "sync"):
-            rows[phase] = report.row(meter, phase, update, tokens if phase in ("score", "fwd_bwd") else None)
+    with ThreadPoolExecutor(1, thread_name_prefix="update") as pool:
+        for number in (1, 2):
+            for s in samples:
+                s.teacher_logprobs = None
+            pool.submit(update).result()
+            meter.switch("sync")  # this (the engine's) thread, on its stream, as the trainer's weight sync
+            for _ in gathered_parameters(policy.model, dtype=DTYPES[cfg.student.dtype],
+                                         bucket_bytes=cfg.parallel.sync_bucket_mb << 20):
+                pass
+            meter.switch(None)
+            for phase in ("score", "fwd_bwd", "step", "sync"):
+                rows[phase] = report.row(meter, phase, number, tokens if phase in ("score", "fwd_bwd") else None)
     ceiling = matmul_ceiling(ctx.device.type, torch.bfloat16 if ctx.device.type == "cuda" else torch.float32)
     student = 6 * p_student * tokens / rows["fwd_bwd"]["seconds"] / 1e12
     scoring = 2 * p_teacher * tokens / rows["score"]["seconds"] / 1e12
@@ -150,6 +165,7 @@ def run_updates(args: argparse.Namespace, cfg: object, ctx: object, meter: Meter
 
 def measure(args: argparse.Namespace) -> int:
     """Every phase in order (see the module docstring); 1 when a phase ran out of memory under the cap."""
+    from actfirst.engine.streams import stream_split
     from actfirst.parallel.context import init_parallel
     from actfirst.train.teacher import TeacherScorer
 
@@ -176,6 +192,7 @@ def measure(args: argparse.Namespace) -> int:
     if cuda:
         torch.cuda.set_per_process_memory_fraction(cap_gib * GIB / torch.cuda.get_device_properties(ctx.device)
                                                    .total_memory, ctx.device)
+        torch.cuda.set_stream(stream_split().engine)  # this thread is the trainer's event loop: the engine's stream
     meter = Meter(ctx.device)
     directory = None
     try:

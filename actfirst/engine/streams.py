@@ -31,9 +31,11 @@ ordered explicitly, at two points:
    of the engine's stream would queue every later decode step behind the update's tail. The reload then follows
    the gather on the engine's stream in stream order: the gathered tensors are allocated, read and freed there.
 
-Memory needs nothing more: each thread's tensors are allocated and freed on its own stream (the caching allocator
-reuses a block only on the stream that freed it), and the tensors that cross (weights, shards) are never freed
-while the other side could still use them.
+Memory needs nothing more for correctness: each thread's tensors are allocated and freed on its own stream (the
+caching allocator reuses a block only on the stream that freed it), and the tensors that cross (weights, shards)
+are never freed while the other side could still use them. Its cost: blocks one stream freed stay cached for that
+stream, so the engine's thread's transients (the gather's buckets, the probe's scoring) and the update's do not
+reuse each other's; ``bench/colocated_fit.py`` runs the same split, so its measured peaks include it.
 
 On the CPU there are no streams: :func:`stream_split` returns None, and the engine and the trainer run as before.
 """
