@@ -99,10 +99,11 @@ async def _play(plan: RunEvaluation, engine_cfg: EngineConfig, scheduler_cfg: Sc
                 shard: tuple[int, int]) -> list[EvalReport]:
     """This rank's part, and every rank's parts gathered while the engines run (vLLM's shutdown may take the
     process group down with it)."""
-    from actfirst.parallel.context import all_gather_objects
+    from actfirst.parallel.context import all_gather_objects, wait_for_ranks
 
     async with served(engine_cfg, scheduler_cfg, world_size=shard[1]) as (engine, tokenizer):
         report = await plan.play(engine, tokenizer, progress=shard[0] == 0, shard=shard)
+        wait_for_ranks()  # shares may end far apart: past the process group's timeout
         return all_gather_objects(report)
 
 

@@ -223,6 +223,19 @@ def test_sleep_needs_an_engine_that_is_idle_during_the_update():
     assert load_run_config(None, ["student.sleep_level=1", "pipeline=serial"]).student.sleep_level == 1
 
 
+def test_uopd_refuses_a_sharded_teacher_and_a_sleeping_student_by_key():
+    """UOPD scores proposals with the teacher inside each rank's rollouts (a sharded teacher's collectives would run
+    at different times on different ranks: a hang), and its second engine may share the student engine's rotary
+    cache, which a sleeping student moves off the GPU (docs/engine.md)."""
+    from actfirst.preparation.build import load_run_config
+
+    with pytest.raises(ConfigError, match=r"parallel.teacher='shard': must be 'replicate' with rollout.strategy="):
+        load_run_config(None, ["rollout.strategy=uopd", "parallel.teacher=shard"])
+    with pytest.raises(ConfigError, match=r"student.sleep_level=2: must be 0 with rollout.strategy='uopd'"):
+        load_run_config(None, ["rollout.strategy=uopd", "student.sleep_level=2", "pipeline=serial"])
+    assert load_run_config(None, ["rollout.strategy=uopd"]).parallel.teacher == "replicate"
+
+
 @pytest.mark.parametrize("args,named", [
     (["--nproc-per-node", "0"], "--nproc-per-node=0: must be >= 1"),
     (["--nproc-per-node", "5"], "batch_samples=48: must be a multiple of the ranks (5) x num_minibatches (2)"),

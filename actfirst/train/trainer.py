@@ -74,6 +74,7 @@ from actfirst.parallel.context import (
     init_parallel,
     reduce_max,
     reduce_sum,
+    wait_for_ranks,
 )
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
@@ -562,10 +563,11 @@ class Trainer:
             if self.ctx.device.type == "cuda":  # the current CUDA device is per thread
                 torch.cuda.set_device(self.ctx.device)
             used = set_torch_threads(threads) if threads is not None else torch.get_num_threads()
-            t0 = time.perf_counter()
-            self.teacher.score(samples)
-            t1 = time.perf_counter()
-            metrics = self.updater.update(samples, self.engine.weight_version)
+            with self.engine.update_phase():  # CUDA: the update's own stream, finished on the GPU when it ends
+                t0 = time.perf_counter()
+                self.teacher.score(samples)
+                t1 = time.perf_counter()
+                metrics = self.updater.update(samples, self.engine.weight_version)
             return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1, **kernel_paths(),
                     "cpu/engine_threads": engine_threads, "cpu/update_threads": used}
 
@@ -729,6 +731,7 @@ class Trainer:
             tqdm.write(f"evaluation at update {update}: {len(self.eval_plan.tasks)} tasks x seeds {spec.seeds}")
         report = await self.eval_plan.play(self.engine, self.tokenizer, progress=False, pool=self.pool,
                                            shard=(self.ctx.rank, self.ctx.world_size))
+        wait_for_ranks()  # shares may end hours apart: past the process group's timeout
         parts = all_gather_objects(report)
         self.engine.records.clear()  # the evaluation's requests are not the next update's queue statistics
         wall = reduce_max([time.perf_counter() - t0])[0]
