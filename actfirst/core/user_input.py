@@ -1,10 +1,10 @@
 """What the user names (files, directories, models, output paths), checked before anything expensive starts, and
-the one place every command turns a user's error into one line.
+the one place every command sets up its logging and turns a user's error into one line.
 
 Every check raises :class:`ConfigError` (also importable from :mod:`actfirst.core.config`) naming the argument (a config
 key such as ``student.model``, or a flag such as ``--checkpoint``), its value and what is wrong. :func:`command` wraps a
-command's ``main``: a ``ConfigError`` becomes one line on stderr and exit status 2; any other exception is a bug and
-keeps its traceback.
+command's ``main``: logging is set up first (``actfirst.core.logs``); a ``ConfigError`` becomes one line on stderr and
+exit status 2, as argparse's own refusals; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from actfirst.core.logs import setup_logging
 
 
 class ConfigError(ValueError):
@@ -40,16 +42,20 @@ EMBEDDING_NAMES = ("embed_tokens.weight", "lm_head.weight")
 
 
 def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
-    """Wrap a command's ``main(argv) -> status``: a :class:`ConfigError` prints ``<prog>: error: <message>`` on
-    stderr and returns :data:`EXIT_USAGE`; other exceptions propagate with their traceback."""
+    """Wrap a command's ``main(argv) -> status``: logging set up for the console (:func:`setup_logging`), then a
+    :class:`ConfigError` writes ``<prog>: error: <message>`` on stderr, as argparse's ``parser.error`` does (no log
+    record: a refused command leaves no log file), and returns :data:`EXIT_USAGE`; other exceptions propagate with
+    their traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> int:
+        setup_logging()
         try:
             return main(argv)
         except ConfigError as e:
             message = " ".join(str(e).split())  # one line, whatever the message held
-            print(f"{_prog(main.__module__)}: error: {message}", file=sys.stderr, flush=True)
+            sys.stderr.write(f"{_prog(main.__module__)}: error: {message}\n")
+            sys.stderr.flush()
             return EXIT_USAGE
 
     return wrapped
