@@ -35,9 +35,9 @@ from actfirst.envs.benchmarks import BENCHMARKS
 from actfirst.evaluation.evaluate import (
     RunEvaluation,
     benchmark_serving,
-    emit_report,
     merge_reports,
     run_serving,
+    save_report,
     served,
 )
 from actfirst.evaluation.report import EvalReport
@@ -123,7 +123,7 @@ def evaluate_as_rank(args: argparse.Namespace, plan: RunEvaluation, engine_cfg: 
         merged = merge_reports(parts, plan.benchmark) if ranks > 1 else parts[0]
         merged.meta.update({"checkpoint": str(args.checkpoint), "commit": model_commit(engine_cfg.model),
                             "split": plan.spec.split, "config": args.config, "world_size": ranks})
-        emit_report(merged, args.out)
+        print(save_report(merged, args.out), flush=True)
     if ctx is not None:
         shutdown_parallel()
 

@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 
+from actfirst.core.logs import run_log_dir, setup_logging
 from actfirst.core.user_input import ConfigError, add_nproc_argument, command, ranks_per_node
 from actfirst.preparation.build import STAGES, RankFailed, ensure_prepared, load_run_config, resolve_models, run_stage
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
     args = parser.parse_args(argv)
     cfg = load_run_config(args.config, args.overrides)
+    setup_logging(run_log_dir(cfg.out_dir))
     if args.stage is not None:
         from torch.distributed.elastic.multiprocessing.errors import record
 

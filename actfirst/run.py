@@ -26,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from actfirst.core.config import DEMO_CONFIG, ConfigError
+from actfirst.core.config import DEMO_CONFIG, ConfigError, TrainConfig
+from actfirst.core.logs import run_log_dir, setup_logging
 from actfirst.core.user_input import add_nproc_argument, command, ranks_per_node
 from actfirst.train.clock import LAUNCH_ENV
 
@@ -46,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     """Launch the run (no torchrun environment) or run this process's rank; returns the exit status."""
     from actfirst.parallel.context import launched_as_rank
     from actfirst.preparation.build import check_inputs, load_run_config, resolve_models
-    from actfirst.train.stages import run_rank
 
     args = build_parser().parse_args(argv)
     if not launched_as_rank():
@@ -55,9 +55,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # a rank started by the launcher (its models resolved there) or by torchrun: it never downloads a model
     cfg = resolve_models(load_run_config(args.config, args.overrides), download=False)
+    setup_logging(run_log_dir(cfg.out_dir))
     check_inputs(cfg)
     # an error is written where the launcher reads it
-    status = record(run_rank)(cfg, resume=args.resume, config=args.config)
+    status = record(train)(cfg, args)
     # Every output is written and closed. Leave without the interpreter's teardown: a native thread that a library
     # never joined can abort it ("terminate called without an active exception", SIGABRT after a finished run,
     # seen once on a 2-rank resume), and the launcher would then report a finished run as failed.
@@ -71,7 +72,7 @@ def launch(args: argparse.Namespace) -> int:
     start the ranks (with the models' local paths)."""
     from actfirst.parallel.launch import launch_ranks
     from actfirst.preparation.build import RankFailed, load_run_config, model_overrides, resolve_models
-    from actfirst.train.stages import prepare, run_rank
+    from actfirst.train.stages import prepare
     from actfirst.train.trainer import check_layout
 
     started = time.time()
@@ -81,6 +82,7 @@ def launch(args: argparse.Namespace) -> int:
     if not args.resume and (Path(cfg.out_dir) / "metrics.jsonl").exists():
         raise ConfigError(f"out_dir={cfg.out_dir!r} holds a run: add --resume to continue it, or give another "
                           f"out_dir=... to start a new one")
+    setup_logging(run_log_dir(cfg.out_dir))
     print(f"[run] config {args.config or DEMO_CONFIG}; out_dir {cfg.out_dir}; {nproc} rank(s)", flush=True)
     cfg = resolve_models(cfg)
     resolved = model_overrides(cfg)
@@ -92,8 +94,18 @@ def launch(args: argparse.Namespace) -> int:
     os.environ[LAUNCH_ENV] = json.dumps({"started": started, "prepare_s": time.time() - started,
                                          "prepare_stages_s": timings})
     if nproc == 1:
-        return run_rank(cfg, resume=args.resume, config=args.config)
+        return train(cfg, args)
     return launch_ranks(nproc, ["-m", "actfirst.run", *rank_argv(args), *resolved])
+
+
+def train(cfg: TrainConfig, args: argparse.Namespace) -> int:
+    """This process's rank of the run (``actfirst.train.stages.run_rank``); rank 0 prints where everything is."""
+    from actfirst.train.stages import run_rank
+
+    message = run_rank(cfg, resume=args.resume, config=args.config)
+    if message is not None:
+        print(message, flush=True)
+    return 0
 
 
 def rank_argv(args: argparse.Namespace) -> list[str]:

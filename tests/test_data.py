@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import re
 import shutil
 import socket
@@ -192,27 +193,28 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_an_interrupted_download_resumes_with_a_range_request(server, tmp_path):
+def test_an_interrupted_download_resumes_with_a_range_request(server, tmp_path, caplog):
     data = payload(300_000)
     server.files["big.bin"] = data
     server.drop_after_fault_injection["big.bin"] = 120_000
     download = Download(server.url("big.bin"), "big.bin", size=len(data), sha256=sha(data))
     target = tmp_path / "big.bin"
     with pytest.raises(DownloadError, match=r"bytes kept in .*big\.bin\.part: run the same command again to resume"):
-        fetch_file(download, target, stream=io.StringIO())
+        fetch_file(download, target)
     part = tmp_path / "big.bin.part"
     kept = part.stat().st_size
     assert 0 < kept < len(data) and not target.exists()
-    log = io.StringIO()
-    assert fetch_file(download, target, stream=log) == target
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="actfirst"):
+        assert fetch_file(download, target) == target
     assert target.read_bytes() == data and not part.exists()
     assert server.requests == [("big.bin", None), ("big.bin", f"bytes={kept}-")]
-    assert f"big.bin: {len(data) / 2**20:,.1f} MiB of {len(data) / 2**20:,.1f} MiB (100%)" in log.getvalue()
+    assert f"big.bin: {len(data) / 2**20:,.1f} MiB of {len(data) / 2**20:,.1f} MiB (100%)" in caplog.text
     # A part file cut short by hand (a killed process) resumes the same way; a finished file is never fetched again.
     (tmp_path / "again.bin.part").write_bytes(data[:1000])
-    fetch_file(download, tmp_path / "again.bin", stream=io.StringIO())
+    fetch_file(download, tmp_path / "again.bin")
     assert (tmp_path / "again.bin").read_bytes() == data and server.requests[-1] == ("big.bin", "bytes=1000-")
-    fetch_file(download, target, stream=io.StringIO())
+    fetch_file(download, target)
     assert len(server.requests) == 3
 
 
@@ -221,12 +223,12 @@ def test_a_server_that_cannot_resume_and_a_complete_part_file(server, tmp_path):
     server.files["f.bin"] = data
     server.ignore_range_fault_injection.add("f.bin")
     (tmp_path / "f.bin.part").write_bytes(data[:7000])
-    fetch_file(Download(server.url("f.bin"), "f.bin"), tmp_path / "f.bin", stream=io.StringIO())
+    fetch_file(Download(server.url("f.bin"), "f.bin"), tmp_path / "f.bin")
     assert (tmp_path / "f.bin").read_bytes() == data  # started again from the first byte, not appended
     assert server.requests == [("f.bin", "bytes=7000-"), ("f.bin", None)]
     server.ignore_range_fault_injection.clear()
     (tmp_path / "g.bin.part").write_bytes(data)  # killed after the last byte, before the rename: 416, complete
-    fetch_file(Download(server.url("f.bin"), "g.bin", sha256=sha(data)), tmp_path / "g.bin", stream=io.StringIO())
+    fetch_file(Download(server.url("f.bin"), "g.bin", sha256=sha(data)), tmp_path / "g.bin")
     assert (tmp_path / "g.bin").read_bytes() == data and server.requests[-1] == ("f.bin", f"bytes={len(data)}-")
 
 
@@ -235,15 +237,15 @@ def test_wrong_checksums_sizes_and_html_pages_are_refused(server, tmp_path):
     server.files["f.bin"] = data
     wrong = "0" * 64
     with pytest.raises(DownloadError, match=rf"f\.bin: sha256 {sha(data)}, not the expected {wrong}; deleted"):
-        fetch_file(Download(server.url("f.bin"), "f.bin", sha256=wrong), tmp_path / "f.bin", stream=io.StringIO())
+        fetch_file(Download(server.url("f.bin"), "f.bin", sha256=wrong), tmp_path / "f.bin")
     assert not (tmp_path / "f.bin").exists() and not (tmp_path / "f.bin.part").exists()
     with pytest.raises(DownloadError, match=rf"the server's file has {len(data)} bytes, not the 999 expected"):
-        fetch_file(Download(server.url("f.bin"), "f.bin", size=999), tmp_path / "f.bin", stream=io.StringIO())
+        fetch_file(Download(server.url("f.bin"), "f.bin", size=999), tmp_path / "f.bin")
     server.html_fault_injection.add("f.bin")
     with pytest.raises(DownloadError, match=r"the server sent an HTML page, not f\.bin"):
-        fetch_file(Download(server.url("f.bin"), "f.bin"), tmp_path / "f.bin", stream=io.StringIO())
+        fetch_file(Download(server.url("f.bin"), "f.bin"), tmp_path / "f.bin")
     with pytest.raises(DownloadError, match=r"missing\.bin: HTTP 404"):
-        fetch_file(Download(server.url("missing.bin"), "missing.bin"), tmp_path / "m", stream=io.StringIO())
+        fetch_file(Download(server.url("missing.bin"), "missing.bin"), tmp_path / "m")
     assert not (tmp_path / "f.bin").exists()
 
 
@@ -283,7 +285,7 @@ def test_archives_are_extracted_into_place_and_a_done_source_is_not_fetched_agai
         )
 
     dest = tmp_path / "data"
-    report = fetch_data(Data(), dest, stream=io.StringIO())
+    report = fetch_data(Data(), dest)
     assert report.fetched == ["json", "games", "corpus", "index"] and report.present == []
     trial = dest / "json_2.1.1" / "train" / "t1"
     assert (trial / "traj_data.json").read_bytes() == b"{}" and (trial / "game.tw-pddl").read_bytes() == b"game"
@@ -292,7 +294,7 @@ def test_archives_are_extracted_into_place_and_a_done_source_is_not_fetched_agai
     assert (dest / "e5_Flat.index").read_bytes() == payload(5000, 3) + payload(3000, 4)
     assert not list((dest / ".actfirst-data" / "downloads").iterdir())  # the archives are gone once placed
     requests = len(server.requests)
-    report = fetch_data(Data(), dest, only=["json", "index"], stream=io.StringIO())
+    report = fetch_data(Data(), dest, only=["json", "index"])
     assert report.present == ["json", "index"] and report.fetched == [] and len(server.requests) == requests
     # A broken archive is deleted and named; its source is not marked done.
     server.files["bad.zip"] = b"not a zip"
@@ -301,17 +303,17 @@ def test_archives_are_extracted_into_place_and_a_done_source_is_not_fetched_agai
         sources = (Source("bad", (Download(server.url("bad.zip"), "bad.zip"),), "zip"),)
 
     with pytest.raises(DownloadError, match=r"bad\.zip: not a readable zip archive .*deleted it"):
-        fetch_data(Broken(), dest, stream=io.StringIO())
+        fetch_data(Broken(), dest)
     assert not (dest / ".actfirst-data" / "bad.done").exists()
 
 
-def test_progress_says_how_much_and_how_long():
-    out = io.StringIO()
-    progress = Progress("x.zip", total=4 * 2**20, done=2**20, stream=out, every_s=0.0)
-    progress.update(2**20)
-    line = out.getvalue().strip()
+def test_progress_says_how_much_and_how_long(caplog):
+    progress = Progress("x.zip", total=4 * 2**20, done=2**20, every_s=0.0)
+    with caplog.at_level(logging.INFO, logger="actfirst"):
+        progress.update(2**20)
+    [line] = caplog.messages
     assert line.startswith("x.zip: 2.0 MiB of 4.0 MiB (50%), ") and re.search(r"MiB/s, ETA \d+:\d\d:\d\d$", line)
-    assert Progress("x", total=None, stream=out).line(0.0).startswith("x: 0.0 MiB, ")
+    assert Progress("x", total=None).line(0.0).startswith("x: 0.0 MiB, ")
 
 
 # -- the benchmarks' sources and the command ------------------------------------------------------------------------

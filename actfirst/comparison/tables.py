@@ -1,6 +1,6 @@
-"""Method tables in the layout of the paper's Tables 1-3: any rollout strategies under one training config, each
-trained under several training seeds (``python -m actfirst.compare`` trains and evaluates the runs,
-``actfirst.comparison.runs``; this module reads them and writes the tables).
+"""The comparison's tables, read from the runs that ``python -m actfirst.compare`` trains and evaluates
+(``actfirst.comparison.runs``): any rollout strategies under one training config, each trained under several
+training seeds, in the layout of the paper's Tables 1-3.
 
 A run's SR curve comes from its checkpoints, evaluated after training on the same episodes for every checkpoint of
 every run (``checkpoint_evals.jsonl``), its first point the warm start's evaluation (update 0, 0 s of training); a

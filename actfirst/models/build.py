@@ -1,4 +1,5 @@
-"""Build small Qwen3-architecture models from a config and save them as ordinary Hugging Face directories.
+"""Small Qwen3-architecture models built from a config and saved as ordinary Hugging Face directories (the command
+line: ``python -m actfirst.models.factory``).
 
 No weights can be downloaded here, so tests, the CPU demo and the CPU benchmark use models made by
 :func:`build_model` (config, ``model.safetensors``, tokenizer files, chat template); ``python -m

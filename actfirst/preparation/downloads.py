@@ -11,7 +11,7 @@ A download is written to ``<file>.part`` and resumed from its size with an HTTP 
 into place only once complete and verified (the size the server or the source declares, the sha256 where known).
 An archive is extracted into a staging folder and moved into place file by file; a source is marked done
 (``<dest>/.actfirst-data/<source>.done``) only after all of it is in place, so an interrupted run repeats at most
-the step it was in. Progress with an ETA goes to stderr.
+the step it was in. Progress with an ETA is logged (INFO).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import gzip
 import hashlib
 import http.client
 import json
+import logging
 import os
 import shutil
-import sys
 import tarfile
 import time
 import urllib.error
@@ -35,6 +35,8 @@ from pathlib import Path
 from typing import IO, Literal
 
 from actfirst.core.files import write_atomically
+
+logger = logging.getLogger(__name__)
 
 CHUNK = 1 << 20
 STATE_DIR = ".actfirst-data"
@@ -109,28 +111,26 @@ class FetchReport:
 
 
 class Progress:
-    """``<what>: 12.0 of 48.0 MiB (25%), 3.2 MiB/s, ETA 0:00:11`` on ``stream``, at most every ``every_s`` seconds
+    """``<what>: 12.0 of 48.0 MiB (25%), 3.2 MiB/s, ETA 0:00:11`` logged, at most every ``every_s`` seconds
     (and once at the end); the rate and the ETA count only what this run moved (not a resumed file's start)."""
 
-    def __init__(self, what: str, total: int | None, done: int = 0, *, unit: str = "B", stream: IO[str] | None = None,
-                 every_s: float = 1.0):
+    def __init__(self, what: str, total: int | None, done: int = 0, *, unit: str = "B", every_s: float = 1.0):
         self.what, self.total, self.done, self.unit = what, total, done, unit
-        self.stream = stream if stream is not None else sys.stderr
         self.every_s = every_s
         self._start_done, self._start = done, time.monotonic()
         self._shown = 0.0
 
     def update(self, n: int) -> None:
-        """Count ``n`` more units; print the line when ``every_s`` has passed since the last one."""
+        """Count ``n`` more units; log the line when ``every_s`` has passed since the last one."""
         self.done += n
         now = time.monotonic()
         if now - self._shown >= self.every_s:
             self._shown = now
-            print(self.line(now), file=self.stream, flush=True)
+            logger.info(self.line(now))
 
     def close(self) -> None:
-        """Print the final line."""
-        print(self.line(time.monotonic()), file=self.stream, flush=True)
+        """Log the final line."""
+        logger.info(self.line(time.monotonic()))
 
     def line(self, now: float) -> str:
         """The progress line at time ``now`` (``time.monotonic``)."""
@@ -155,7 +155,7 @@ def _clock(seconds: float) -> str:
     return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
 
 
-def fetch_file(download: Download, path: Path, *, stream: IO[str] | None = None) -> Path:
+def fetch_file(download: Download, path: Path) -> Path:
     """``download`` at ``path``: kept if already there, else fetched into ``<path>.part`` (resumed from its size by
     an HTTP Range request), verified and renamed into place. A wrong sha256 deletes the part file; any other
     failure keeps it for the next call. Raises :class:`DownloadError`."""
@@ -163,16 +163,16 @@ def fetch_file(download: Download, path: Path, *, stream: IO[str] | None = None)
         return path
     part = path.with_name(path.name + ".part")
     part.parent.mkdir(parents=True, exist_ok=True)
-    total = _receive(download, part, part.stat().st_size if part.exists() else 0, stream)
+    total = _receive(download, part, part.stat().st_size if part.exists() else 0)
     if total is None:  # the server cannot resume from there: from the start
         part.unlink()
-        total = _receive(download, part, 0, stream)
+        total = _receive(download, part, 0)
     _verify(download, part, total)
     os.replace(part, path)
     return path
 
 
-def _receive(download: Download, part: Path, offset: int, stream: IO[str] | None) -> int | None:
+def _receive(download: Download, part: Path, offset: int) -> int | None:
     """Append the rest of ``download`` from byte ``offset`` to ``part``; returns the file's full size (-1: not
     known), or None when the server cannot resume from ``offset`` (the caller starts again)."""
     if download.size is not None and offset == download.size:
@@ -190,7 +190,7 @@ def _receive(download: Download, part: Path, offset: int, stream: IO[str] | None
         raise DownloadError(f"{download.url}: {getattr(e, 'reason', e)}{_kept(part)}") from None
     with response:
         if offset and response.status != 206:
-            print(f"{download.name}: the server does not resume; starting again", file=stream or sys.stderr)
+            logger.warning(f"{download.name}: the server does not resume; starting again")
             return None
         if response.headers.get_content_type() == "text/html" and not download.name.endswith(".html"):
             raise DownloadError(f"{download.url}: the server sent an HTML page, not {download.name} (a login, quota "
@@ -199,7 +199,7 @@ def _receive(download: Download, part: Path, offset: int, stream: IO[str] | None
         if download.size is not None and total not in (-1, download.size):
             raise DownloadError(f"{download.url}: the server's file has {total} bytes, not the {download.size} "
                                 f"expected of {download.name}")
-        progress = Progress(download.name, total if total >= 0 else download.size, offset, stream=stream)
+        progress = Progress(download.name, total if total >= 0 else download.size, offset)
         try:
             with part.open("ab") as out:
                 while chunk := response.read(CHUNK):
@@ -256,7 +256,7 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def place(source: Source, files: list[Path], dest: Path, *, stream: IO[str] | None = None) -> None:
+def place(source: Source, files: list[Path], dest: Path) -> None:
     """Put ``source``'s downloaded ``files`` into place under ``dest`` as its ``unpack`` says; every file appears
     whole (written beside its place and renamed)."""
     target = dest / source.target
@@ -267,8 +267,7 @@ def place(source: Source, files: list[Path], dest: Path, *, stream: IO[str] | No
             os.replace(file, target / file.name)  # the downloads folder is under dest: one filesystem
     elif source.unpack in ("gzip", "concat"):
         inputs = files if source.unpack == "concat" else files[:1]
-        progress = Progress(f"{source.unpack} -> {target.name}", sum(f.stat().st_size for f in inputs), stream=stream,
-                            every_s=5.0)
+        progress = Progress(f"{source.unpack} -> {target.name}", sum(f.stat().st_size for f in inputs), every_s=5.0)
         with _tmp(target).open("wb") as out:
             for file in inputs:
                 _copy_stream(file, out, progress, gunzip=source.unpack == "gzip")
@@ -276,7 +275,7 @@ def place(source: Source, files: list[Path], dest: Path, *, stream: IO[str] | No
         os.replace(_tmp(target), target)
     else:
         for file in files:
-            _extract(file, source.unpack, target, dest / STATE_DIR / f"{source.name}.unpacking", stream)
+            _extract(file, source.unpack, target, dest / STATE_DIR / f"{source.name}.unpacking")
 
 
 def _copy_stream(file: Path, out: IO[bytes], progress: Progress, *, gunzip: bool) -> None:
@@ -299,7 +298,7 @@ def _tmp(target: Path) -> Path:
     return target.with_name(target.name + ".part")
 
 
-def _extract(archive: Path, kind: str, target: Path, staging: Path, stream: IO[str] | None) -> None:
+def _extract(archive: Path, kind: str, target: Path, staging: Path) -> None:
     """Extract ``archive`` into ``staging``, then move its files into ``target`` (replacing files of the same
     name, keeping others: several archives may fill one folder)."""
     shutil.rmtree(staging, ignore_errors=True)
@@ -307,7 +306,7 @@ def _extract(archive: Path, kind: str, target: Path, staging: Path, stream: IO[s
     try:
         with zipfile.ZipFile(archive) if kind == "zip" else tarfile.open(archive) as opened:
             members = opened.infolist() if kind == "zip" else opened.getmembers()
-            progress = Progress(f"extracting {archive.name}", len(members), unit="files", stream=stream, every_s=5.0)
+            progress = Progress(f"extracting {archive.name}", len(members), unit="files", every_s=5.0)
             for member in members:
                 if kind == "zip":
                     opened.extract(member, staging)  # zipfile drops absolute and ".." parts of names
@@ -327,8 +326,7 @@ def _extract(archive: Path, kind: str, target: Path, staging: Path, stream: IO[s
     shutil.rmtree(staging)
 
 
-def fetch_data(data: BenchmarkData, dest: Path | None = None, only: Iterable[str] | None = None, *,
-               stream: IO[str] | None = None) -> FetchReport:
+def fetch_data(data: BenchmarkData, dest: Path | None = None, only: Iterable[str] | None = None) -> FetchReport:
     """Fetch ``data``'s sources (``only``: those named) into ``dest`` (None: ``data.default_dest()``), each
     unless its marker says it is in place, then ``data.finish``. Raises :class:`DownloadError`."""
     dest = Path(dest) if dest is not None else data.default_dest()
@@ -340,8 +338,8 @@ def fetch_data(data: BenchmarkData, dest: Path | None = None, only: Iterable[str
         if marker.is_file():
             report.present.append(source.name)
             continue
-        files = [fetch_file(d, state / "downloads" / d.name, stream=stream) for d in source.downloads]
-        place(source, files, dest, stream=stream)
+        files = [fetch_file(d, state / "downloads" / d.name) for d in source.downloads]
+        place(source, files, dest)
         state.mkdir(parents=True, exist_ok=True)
         write_atomically(marker, json.dumps({"target": source.target, "urls": [d.url for d in source.downloads]}))
         for file in files:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 import os
 import random
@@ -43,6 +44,8 @@ from actfirst.core.user_input import ConfigError, check_exists
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from actfirst.envs.response_format import ACTION_TAGS
 from actfirst.models.hub import is_hub_id
+
+logger = logging.getLogger(__name__)
 
 RECORD = "actfirst_teacher_sft.json"
 """How a teacher made here was trained, in its directory."""
@@ -198,9 +201,9 @@ def ensure_examples(cfg: TeacherSFTConfig) -> Path:
         max_prompt_tokens=cfg.max_prompt_tokens, thought=cfg.thoughts, workers=cfg.data_workers))
     write_atomically(work / DATA, json.dumps(record, indent=1))
     write_examples(path, samples)
-    print(f"[make_teacher] {record['samples']} samples ({record['supervised_tokens']} supervised of "
-          f"{record['tokens']} tokens) from {record['trajectories']} trajectories of {record['tasks_covered']}/"
-          f"{record['training_tasks']} training tasks", flush=True)
+    logger.info(f"[make_teacher] {record['samples']} samples ({record['supervised_tokens']} supervised of "
+                f"{record['tokens']} tokens) from {record['trajectories']} trajectories of {record['tasks_covered']}/"
+                f"{record['training_tasks']} training tasks")
     return path
 
 
