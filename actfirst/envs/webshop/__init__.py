@@ -1,10 +1,10 @@
-"""WebShop (Appendix C.1) as one benchmark: its config, environment (WebShop's text interface, imported when an
-environment is made), transition check and prompt templates, registered as ``webshop``."""
+"""WebShop (Appendix C.1) as one benchmark: its config, environment (a client of the node's WebShop server, which runs
+the official simulator: ``server.py``), transition check and prompt templates, registered as ``webshop``."""
 
 from __future__ import annotations
 
 from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
-from actfirst.envs.benchmarks import Benchmark, register_benchmark
+from actfirst.envs.benchmarks import Benchmark, EnvSpec, register_benchmark
 from actfirst.envs.webshop.checks import (
     SEARCH_MISMATCH_ALLOWED,
     webshop_action_valid,
@@ -32,6 +32,14 @@ class WebShopBenchmark(Benchmark):
         from actfirst.envs.webshop.env import WebShopTextEnv
 
         return WebShopTextEnv(self.config)
+
+    def env_spec(self) -> EnvSpec:
+        """The workers' spec (each a client of the node's server), with the server started and loaded here first,
+        under its own limit (``server_start_timeout_s``), so that a worker only connects."""
+        from actfirst.envs.webshop.client import ensure_server
+
+        ensure_server(self.config).close()
+        return super().env_spec()
 
     def prompt_fields(self, current: Transition) -> dict[str, str]:
         return available_actions(current)
