@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from actfirst.core.schema import check, paths_checked
 from actfirst.envs.webshop.goals import goal_pool
@@ -12,6 +13,9 @@ from actfirst.envs.webshop.goals import goal_pool
 class WebShopConfig:
     """WebShop as Appendix C.1 sets it up (goals 0-4095 train, 4096-4195 evaluation; 15-turn limit), or 003's D.1
     (the 1,000-product catalog, goal pools by file)."""
+
+    EVALUATION_ONLY: ClassVar[tuple[str, ...]] = ("server_start_timeout_s", "server_idle_exit_s")
+    """Keys a reference cache does not record: they shape no transition (the server's limits)."""
 
     max_turns: int = 15
     product_file: str = "items_shuffle.json"

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import selectors
 import socket
 import sys
@@ -200,13 +201,16 @@ def memory_bytes() -> int:
 
 
 def check(config: WebShopConfig) -> dict[str, Any]:
-    """Load the simulator as the server does and play one reset; its load time (s), memory and sizes."""
-    started = time.perf_counter()
+    """Load the simulator as the server does and play one reset: the load's wall and CPU seconds (the JVM's threads
+    included), the resident and peak memory, the catalog's sizes and the first page."""
+    started, cpu = time.perf_counter(), time.process_time()
     simulator = load_simulator(config)
-    loaded = time.perf_counter() - started
+    loaded, cpu = time.perf_counter() - started, time.process_time() - cpu
     page = Session(simulator, 0).handle({"op": "reset", "goal": 0})
-    return {"load_s": round(loaded, 1), "rss_mib": round(memory_bytes() / 2**20), "products":
-            len(simulator.all_products), "goals": len(simulator.goals), "first_page": page["observation"]}
+    return {"load_s": round(loaded, 1), "cpu_s": round(cpu, 1), "rss_mib": round(memory_bytes() / 2**20),
+            "peak_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "products": len(simulator.all_products), "goals": len(simulator.goals),
+            "first_page": page["observation"]}
 
 
 @command
@@ -224,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         report = check(config)
         print(f"webshop_server: {report['products']} products, {report['goals']} goals, loaded in "
-              f"{report['load_s']} s, {report['rss_mib']} MiB resident; goal 0: {report['first_page'][:160]}")
+              f"{report['load_s']} s ({report['cpu_s']} s CPU), {report['rss_mib']} MiB resident (peak "
+              f"{report['peak_mib']} MiB); goal 0: {report['first_page'][:160]}")
         return 0
     started = time.perf_counter()
     simulator = load_simulator(config)
