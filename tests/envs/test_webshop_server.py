@@ -12,7 +12,10 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -30,10 +33,14 @@ PRODUCTS = 200
 
 
 @pytest.fixture(scope="module")
-def catalog(tmp_path_factory) -> WebShopConfig:
+def catalog() -> Iterator[WebShopConfig]:
     """A 200-product catalog generated for this module and its index, as a config (the server exits 30 s after the
-    module's last connection)."""
-    root = tmp_path_factory.mktemp("webshop")
+    module's last connection). In a folder of its own: a concurrent pytest session prunes old basetemp folders."""
+    with tempfile.TemporaryDirectory(prefix="actfirst-webshop-test-") as folder:
+        yield _catalog(Path(folder))
+
+
+def _catalog(root: Path) -> WebShopConfig:
     files = write_catalog(root / "data", PRODUCTS, seed=3)
     subprocess.run([sys.executable, "-m", "actfirst.envs.webshop.index", "--product-file", str(files[PRODUCTS_FILE]),
                     "--attribute-file", str(files[ATTRIBUTES_FILE]), "--goal-file", str(files[GOALS_FILE]),
@@ -151,7 +158,7 @@ set_catalog(Path({catalog.product_file!r}), Path({catalog.attribute_file!r}), Pa
 from pyserini.search.lucene import LuceneSearcher
 from web_agent_site.envs import web_agent_text_env
 from web_agent_site.engine.goal import get_reward
-web_agent_text_env.init_search_engine = lambda n: LuceneSearcher({str(catalog.search_index) + "/indexes"!r})
+web_agent_text_env.init_search_engine = lambda num_products: LuceneSearcher({str(catalog.search_index) + "/indexes"!r})
 random.seed(233)
 server = web_agent_text_env.SimServer("x", {catalog.product_file!r}, human_goals=True)
 goal = server.goals[{index}]
@@ -162,9 +169,9 @@ print("REWARD", reward)
 """
     chosen = dict(options)
     page_options = _chosen_options(catalog, index, chosen)
-    out = subprocess.run([sys.executable, "-c", script, json.dumps(page_options)], capture_output=True, text=True,
-                         check=True).stdout
-    reward = float(out.split("REWARD")[-1])
+    run = subprocess.run([sys.executable, "-c", script, json.dumps(page_options)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    reward = float(run.stdout.split("REWARD")[-1])
     assert 0 < score < 100
     assert score == pytest.approx(100 * reward, abs=1e-9)
 
