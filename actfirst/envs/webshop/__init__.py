@@ -4,7 +4,7 @@ the official simulator: ``server.py``), transition check and prompt templates, r
 from __future__ import annotations
 
 from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
-from actfirst.envs.benchmarks import Benchmark, EnvSpec, register_benchmark
+from actfirst.envs.benchmarks import Benchmark, register_benchmark
 from actfirst.envs.webshop.checks import (
     SEARCH_MISMATCH_ALLOWED,
     webshop_action_valid,
@@ -32,14 +32,6 @@ class WebShopBenchmark(Benchmark):
         from actfirst.envs.webshop.env import WebShopTextEnv
 
         return WebShopTextEnv(self.config)
-
-    def env_spec(self) -> EnvSpec:
-        """The workers' spec (each a client of the node's server), with the server started and loaded here first,
-        under its own limit (``server_start_timeout_s``), so that a worker only connects."""
-        from actfirst.envs.webshop.client import ensure_server
-
-        ensure_server(self.config).close()
-        return super().env_spec()
 
     def prompt_fields(self, current: Transition) -> dict[str, str]:
         return available_actions(current)

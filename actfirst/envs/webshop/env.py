@@ -24,6 +24,7 @@ from actfirst.envs.webshop.checks import webshop_action_valid
 from actfirst.envs.webshop.client import ServerConnection
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.webshop.goals import goal_pool
+from actfirst.envs.webshop.install import require_install
 
 SUCCESS_SCORE = 99.999
 RESULT_PAGES = 5
@@ -142,14 +143,17 @@ class WebShopTextEnv(TextEnv):
         config = WebShopConfig() if config is None else config
         self.max_turns = config.max_turns
         self.product_file = config.product_file
-        self._server = ServerConnection(config)
-        self._goals = self._server.call("info")["goals"]  # connects (and starts the server if none runs)
+        require_install()  # the install hint at the worker's start, not at its first episode
+        self._server = ServerConnection(config)  # connects at the first call (starting the server if none runs)
+        self._goals: int | None = None
         self._available = {"has_search_bar": False, "clickables": []}
         self._turn = 0
         self._score = 0.0
         self._instruction = ""
 
     def reset(self, task: WebShopTask, admissible: bool = True) -> Transition:
+        if self._goals is None:
+            self._goals = self._server.call("info")["goals"]
         if not 0 <= task.goal_idx < self._goals:
             raise ConfigError(f"goal {task.goal_idx} (env.train_goals / env.eval_goals) is outside the "
                               f"{self._goals} goals WebShop built from product_file={self.product_file!r}")
