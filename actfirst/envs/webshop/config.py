@@ -38,8 +38,8 @@ class WebShopConfig:
     X`` builds ``search_engine/<X>`` (``preview``, ``full``, ``generated-<N>``). None: the ``search_engine`` folder
     itself, where WebShop's own ``setup.sh`` builds them. An index of another catalog is refused at start."""
     server_start_timeout_s: float = 3600.0
-    """How long the node's WebShop server may take to load the catalog, goals and search engine (measured:
-    docs/environments.md#webshop; the full catalog takes minutes)."""
+    """How long the node's WebShop server may take to load the catalog, goals and search engine (measured per
+    catalog size: docs/environments.md#webshop)."""
     server_idle_exit_s: float = 900.0
     """The server exits after this long without a connected worker (the next run, or the next stage of this one,
     starts it again)."""
