@@ -43,11 +43,17 @@ class WebShopData(BenchmarkData):
         return webshop_data_dir() or Path("data") / "webshop"
 
     def next_steps(self, dest: Path) -> list[str]:
+        own = webshop_data_dir()
         lines = [f"WebShop's files are in {dest}"]
-        if webshop_data_dir() is None:
-            lines.append("WebShop is not installed: bash scripts/setup_webshop.sh --catalog preview|full installs it "
-                         "with these files and builds their search index (docs/environments.md#webshop)")
-        else:
-            lines.append("build the search index of the catalog: bash scripts/setup_webshop.sh --catalog preview|full "
-                         "(keeps these files; WebShop's converter and indexer)")
+        if own is None:
+            lines.append("WebShop is not installed: bash scripts/setup_webshop.sh --catalog preview|full installs it, "
+                         "fetches these files into its data folder and builds their search index "
+                         "(docs/environments.md#webshop)")
+        if own is None or dest.resolve() != own.resolve():
+            lines.append(f"set env.product_file={dest / 'items_shuffle.json'} "
+                         f"env.attribute_file={dest / 'items_ins_v2.json'} "
+                         f"env.goal_file={dest / 'items_human_ins.json'} "
+                         "(the preview: items_shuffle_1000.json, items_ins_v2_1000.json)")
+        if own is not None:
+            lines.append("build the catalog's search index: bash scripts/setup_webshop.sh --catalog preview|full")
         return lines
