@@ -220,3 +220,16 @@ def test_an_index_of_another_catalog_is_refused(catalog, tmp_path):
                           goal_file=str(files[GOALS_FILE]), search_index=catalog.search_index, server_idle_exit_s=5)
     with pytest.raises(ServerFailed, match=r"search_index=.*was not built from product_file=.*no document for product"):
         ensure_server(other)
+
+
+def test_a_stopped_server_leaves_no_socket(catalog):
+    """SIGTERM (or the idle timeout) ends the server with its socket and pid file removed: the next start is clean."""
+    path = socket_path(catalog)
+    ensure_server(catalog).close()
+    pid = server_pid(path)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while server_pid(path) == pid and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server_pid(path) is None
+    assert not path.exists() and not path.with_suffix(".pid").exists()

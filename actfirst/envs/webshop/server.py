@@ -26,6 +26,7 @@ import os
 import random
 import resource
 import selectors
+import signal
 import socket
 import sys
 import time
@@ -144,6 +145,7 @@ def serve(simulator: Any, path: Path, idle_exit_s: float) -> None:
     listener.bind(str(tmp))
     listener.listen(256)
     os.replace(tmp, path)  # clients see the socket only once the simulator is loaded
+    bound = os.stat(path).st_ino
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     connections: dict[socket.socket, tuple[Session, bytearray]] = {}
@@ -165,7 +167,7 @@ def serve(simulator: Any, path: Path, idle_exit_s: float) -> None:
                     if not connections:
                         idle_since = time.monotonic()
     finally:
-        if path.exists() and os.stat(path).st_ino == os.fstat(listener.fileno()).st_ino:
+        if path.exists() and os.stat(path).st_ino == bound:  # not a newer server's
             path.unlink()
         listener.close()
 
@@ -236,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"webshop_server: {len(simulator.all_products)} products, {len(simulator.goals)} goals, loaded in "
           f"{time.perf_counter() - started:.1f} s, {memory_bytes() / 2**20:.0f} MiB resident; serving {args.socket}",
           flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # a stop also removes the socket and the pid file
     try:
         serve(simulator, Path(args.socket), config.server_idle_exit_s)
     finally:
