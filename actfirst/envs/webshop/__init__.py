@@ -1,5 +1,5 @@
-"""WebShop (Appendix C.1) as one benchmark: its config, environment (WebShop's text interface, imported when an
-environment is made), transition check and prompt templates, registered as ``webshop``."""
+"""WebShop (Appendix C.1) as one benchmark: its config, environment (a client of the node's WebShop server, which runs
+the official simulator: ``server.py``), transition check and prompt templates, registered as ``webshop``."""
 
 from __future__ import annotations
 
