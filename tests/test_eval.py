@@ -22,16 +22,8 @@ from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.alfworld.env import ALFWorldTask
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.evaluation.evaluate import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
-from actfirst.evaluation.report import (
-    EpisodeRecord,
-    EvalReport,
-    difference_interval,
-    mean_sd,
-    paired_difference_interval,
-    paired_table,
-    sr_change,
-    wilson_interval,
-)
+from actfirst.evaluation.report import EpisodeRecord, EvalReport, paired_table, sr_change
+from actfirst.evaluation.stats import difference_interval, mean_sd, paired_difference_interval, wilson_interval
 
 MAX_TURNS = 2
 # Training budget 8/12 tokens, evaluation budget 24/32: an evaluation response can exceed the training total.
