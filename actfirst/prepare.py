@@ -16,7 +16,16 @@ import os
 import sys
 
 from actfirst.core.user_input import ConfigError, add_nproc_argument, command, ranks_per_node
-from actfirst.preparation.build import STAGES, RankFailed, ensure_prepared, load_run_config, resolve_models, run_stage
+from actfirst.parallel.host_memory import check_host_memory, preparation_stage
+from actfirst.preparation.build import (
+    STAGES,
+    RankFailed,
+    ensure_prepared,
+    load_run_config,
+    plays_teacher_rollouts,
+    resolve_models,
+    run_stage,
+)
 
 
 @command
@@ -45,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("python -m actfirst.prepare starts its own ranks (--nproc-per-node); run it without "
                           "torchrun")
     nproc = ranks_per_node(args.nproc_per_node)
+    stage = preparation_stage(cfg, nproc) if plays_teacher_rollouts(cfg) else None
+    for line in check_host_memory([stage] if stage is not None else []):
+        print(f"[prepare] {line}", flush=True)
     cfg = resolve_models(cfg)  # Hub ids downloaded here, once; the stage ranks get the resolved paths
     try:
         timings = ensure_prepared(cfg, nproc)

@@ -69,8 +69,15 @@ def main(argv: list[str] | None = None) -> int:
 def launch(args: argparse.Namespace) -> int:
     """The launching process: check the config, resolve its models (downloading Hub ids), prepare what is missing,
     start the ranks (with the models' local paths)."""
+    from actfirst.parallel.host_memory import check_host_memory, run_worker_stages
     from actfirst.parallel.launch import launch_ranks
-    from actfirst.preparation.build import RankFailed, load_run_config, model_overrides, resolve_models
+    from actfirst.preparation.build import (
+        RankFailed,
+        load_run_config,
+        model_overrides,
+        plays_teacher_rollouts,
+        resolve_models,
+    )
     from actfirst.train.stages import prepare, run_rank
     from actfirst.train.trainer import check_layout
 
@@ -78,6 +85,8 @@ def launch(args: argparse.Namespace) -> int:
     nproc = ranks_per_node(args.nproc_per_node)
     cfg = load_run_config(args.config, args.overrides)
     check_layout(cfg, nproc)
+    for line in check_host_memory(run_worker_stages(cfg, nproc, preparing=plays_teacher_rollouts(cfg))):
+        print(f"[run] {line}", flush=True)
     if not args.resume and (Path(cfg.out_dir) / "metrics.jsonl").exists():
         raise ConfigError(f"out_dir={cfg.out_dir!r} holds a run: add --resume to continue it, or give another "
                           f"out_dir=... to start a new one")

@@ -101,6 +101,10 @@ class Benchmark(abc.ABC):
     state_source: ClassVar[str | None] = None
     """What the environment's state (``TextEnv.state``) holds for C.5's state-action pairs; None: no state, so no
     rollout-quality measurement."""
+    worker_mib: ClassVar[int | None] = None
+    """Resident host memory of one environment worker (its process and what it starts, ScienceWorld's JVM), MiB, as
+    measured with 16 workers (``bench/env_throughput.py``, bench/RESULTS.md); None: not measured. A run holds one
+    worker per episode in flight (``actfirst.parallel.host_memory``)."""
     data: ClassVar[BenchmarkData | None] = None
     """What ``python -m actfirst.data <name>`` fetches and where it puts it (``actfirst/envs/<name>/data.py``); None:
     the benchmark declares no data."""

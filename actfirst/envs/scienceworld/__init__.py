@@ -20,6 +20,7 @@ class ScienceWorldBenchmark(Benchmark):
     name = "scienceworld"
     config_class = ScienceWorldConfig
     data = ScienceWorldData()
+    worker_mib = 269  # bench/RESULTS.md, environment throughput: 16 workers, each with its JVM
     templates = TEMPLATES
     fast_actions = True
     partial_score = True
