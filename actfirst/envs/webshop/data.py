@@ -1,5 +1,6 @@
 """WebShop's data as ``python -m actfirst.data webshop`` fetches it: the files WebShop's ``./setup.sh -d all`` and
-``-d small`` download (its Google Drive ids), into WebShop's own ``data`` folder when WebShop is installed.
+``-d small`` download (its Google Drive ids, through gdown), into WebShop's own ``data`` folder when WebShop is
+installed.
 
 WebShop reads its goals (``items_human_ins.json``) only from its ``data`` folder; the catalog
 (``env.product_file``, ``env.attribute_file``) may be named by path. WebShop's search index is built by WebShop's
@@ -11,13 +12,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from actfirst.preparation.downloads import BenchmarkData, Download, Source
-
-_DRIVE = "https://drive.usercontent.google.com/download?export=download&confirm=t&id="
+from actfirst.preparation.downloads import BenchmarkData, DriveFile, Source, drive_url
 
 
 def _drive(name: str, file_id: str, what: str) -> Source:
-    return Source(name.removesuffix(".json"), (Download(_DRIVE + file_id, name),), "copy", what=what)
+    return Source(name.removesuffix(".json"), (DriveFile(drive_url(file_id), name),), "copy", what=what)
 
 
 def webshop_data_dir() -> Path | None:
