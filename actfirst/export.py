@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", default="float32", choices=EXPORT_DTYPES, help="the weights' dtype")
     parser.add_argument("--push-to-hub", metavar="REPO", help="upload the export to this Hub model repo")
     parser.add_argument("--private", action="store_true", help="with --push-to-hub: create the repo private")
+    parser.add_argument("--license", help="the model card's license (default: the base model's card's)")
     return parser
 
 
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     check_writable_dir(args.out, "--out")
     line = shlex.join(["python", "-m", "actfirst.export", *(sys.argv[1:] if argv is None else argv)])
     checkpoint = named_checkpoint(args.checkpoint, "checkpoint")
-    out = export_checkpoint(checkpoint, args.out, dtype=args.dtype, command=line)
+    out = export_checkpoint(checkpoint, args.out, dtype=args.dtype, command=line, license=args.license)
     print(f"exported {checkpoint} ({args.dtype}) to {out}", flush=True)
     if args.push_to_hub:
         print(f"pushed to {push_to_hub(out, args.push_to_hub, private=args.private)}", flush=True)
