@@ -3,6 +3,7 @@
     python -m actfirst.run                                      # the CPU demo (configs/demo/scienceworld_lifespan.yaml)
     python -m actfirst.run --config configs/train/<benchmark>/<setting>.yaml [key=value ...] [--resume]
     python -m actfirst.run --config ... --nproc-per-node 2      # ranks on this machine (default: one per GPU)
+    python -m actfirst.run --config ... --dry-run [--gpu 80GB]  # what it would use and need; starts nothing
     torchrun --nnodes N --nproc-per-node 8 ... -m actfirst.run --config ...   # several nodes
 
 Stages: ``actfirst.prepare`` (reference cache; for the demo also the teacher and the student's warm start) from the
@@ -37,6 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo)")
     parser.add_argument("--resume", action="store_true", help="continue the run in out_dir from its latest checkpoint")
     add_nproc_argument(parser, "ranks to start on this machine; ignored under torchrun, which sets its own")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the resolved config, where each model and data set resolves, the GPU memory plan "
+                             "and the host memory, and exit (0: the run could start) without starting anything")
+    parser.add_argument("--gpu", default=None, metavar="GPU",
+                        help="with --dry-run: plan for this GPU (80GB, 141GB or a size in GiB; default: the GPU here)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (rollout.strategy=vanilla)")
     return parser
 
@@ -49,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     from actfirst.train.stages import run_rank
 
     args = build_parser().parse_args(argv)
+    if args.gpu is not None and not args.dry_run:
+        raise ConfigError(f"--gpu={args.gpu!r}: goes with --dry-run (a run plans for the GPUs it has)")
+    if args.dry_run:
+        from actfirst.preparation.dry_run import dry_run
+
+        report = dry_run(args.config, args.overrides, nproc=args.nproc_per_node, gpu=args.gpu, resume=args.resume)
+        print("\n".join(report.lines()), flush=True)
+        return 0 if report.could_start else 1
     if not launched_as_rank():
         return launch(args)
     from torch.distributed.elastic.multiprocessing.errors import record

@@ -121,7 +121,7 @@ def test_a_model_shape_from_its_config_json_else_from_its_name(tmp_path):
         cfg = memory_plan.load_train_config(TRAIN / name)
         assert model_shape(cfg.student.model, None)[0] == entry["student"], name
         assert model_shape(cfg.teacher, None)[0] == entry["teacher"], name
-    assert model_shape("Qwen/Qwen3-8B", None) == ("Qwen3-8B", "from its name (the model is not here)")
+    assert model_shape("Qwen/Qwen3-8B", None) == ("Qwen3-8B", "from its name; the model is not here")
     assert model_shape("/models/my-model", None)[0] is None
     arch, h, heads, kv, hd, inter, layers, vocab, tied = ("qwen3", 2048, 16, 8, 128, 6144, 28, 151936, True)
     config = {"model_type": arch, "hidden_size": h, "num_attention_heads": heads, "num_key_value_heads": kv,

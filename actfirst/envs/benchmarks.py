@@ -185,6 +185,11 @@ class Benchmark(abc.ABC):
     def _tasks(self, split: str) -> list:
         """``tasks`` for a known split."""
 
+    def made_at_start(self) -> str | None:
+        """What the run makes of this benchmark's tasks before it can list them (games generated offline), in one
+        line for a dry run, which lists tasks only where nothing is to be made; None: nothing."""
+        return None
+
     def succeeded(self, transition: Transition) -> bool:
         """C.1 success of an episode's final transition (each environment sets ``won`` by C.1's rule)."""
         return transition.won

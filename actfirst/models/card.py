@@ -113,8 +113,7 @@ def eval_results(report: EvalReport, benchmark: str) -> list[Any]:
             results.append(EvalResult(
                 task_type="text-generation", task_name=f"{benchmark} episodes (think-then-act)",
                 dataset_type=benchmark, dataset_name=benchmark, dataset_split=split or report.meta.get("split", "eval"),
-                metric_type=kind, metric_name=label, metric_value=round(summary[metric]["mean"], 2),
-                source_name="ActFirst evaluation (python -m actfirst.eval)"))
+                metric_type=kind, metric_name=label, metric_value=round(summary[metric]["mean"], 2)))
     return results
 
 

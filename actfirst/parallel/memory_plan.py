@@ -85,7 +85,7 @@ def model_shape(name: str, model_dir: Path | None) -> tuple[str | None, str]:
     lowered = re.sub(r"[^a-z0-9.]", "-", name.lower())
     named = sorted((s for s in SHAPES if re.search(rf"(^|-){re.escape(s.lower())}($|-)", lowered)), key=len)
     if named:
-        return named[-1], "from its name (the model is not here)"
+        return named[-1], "from its name; the model is not here"
     return None, f"the model is not here and its name names none of the measured {list(SHAPES)}"
 
 

@@ -62,6 +62,19 @@ class ALFWorldBenchmark(Benchmark):
         generated ``<generated_dir>/<split>/...``); None for a game outside them (a training game)."""
         return next((part for part in reversed(Path(task.game_file).parts) if part in self.EVAL_SPLITS), None)
 
+    def made_at_start(self) -> str | None:
+        """With ``games: generated``: the games still to be generated (none with ``games: real``)."""
+        if self.config.games != "generated":
+            return None
+        from actfirst.envs.alfworld.games import SPLITS, missing_games
+
+        missing = sum(missing_games(Path(self.config.generated_dir) / split, self.config.games_per_type)
+                      for split in SPLITS)
+        if not missing:
+            return None
+        return (f"{missing} games generated offline into {self.config.generated_dir} at start "
+                f"({self.config.games_per_type} per task type and split; not the paper's games)")
+
     def _tasks(self, split: str) -> list:
         """train: ALFWorld's train split; eval: valid_seen and valid_unseen, in that order (C.1). From the official
         games or generated ones, as ``games`` says (never one for the other)."""
