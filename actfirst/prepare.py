@@ -54,10 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("python -m actfirst.prepare starts its own ranks (--nproc-per-node); run it without "
                           "torchrun")
     nproc = ranks_per_node(args.nproc_per_node)
+    cfg = resolve_models(cfg)  # Hub ids downloaded here, once; the stage ranks get the resolved paths
     stage = preparation_stage(cfg, nproc) if plays_teacher_rollouts(cfg) else None
     for line in check_host_memory([stage] if stage is not None else []):
         print(f"[prepare] {line}", flush=True)
-    cfg = resolve_models(cfg)  # Hub ids downloaded here, once; the stage ranks get the resolved paths
     try:
         timings = ensure_prepared(cfg, nproc)
     except RankFailed as e:

@@ -99,13 +99,13 @@ def launch(args: argparse.Namespace) -> int:
     nproc = ranks_per_node(args.nproc_per_node)
     cfg = load_run_config(args.config, args.overrides)
     check_layout(cfg, nproc)
-    for line in check_host_memory(run_worker_stages(cfg, nproc, preparing=plays_teacher_rollouts(cfg))):
-        print(f"[run] {line}", flush=True)
     if not args.resume and (Path(cfg.out_dir) / "metrics.jsonl").exists():
         raise ConfigError(f"out_dir={cfg.out_dir!r} holds a run: add --resume to continue it, or give another "
                           f"out_dir=... to start a new one")
     print(f"[run] config {args.config or DEMO_CONFIG}; out_dir {cfg.out_dir}; {nproc} rank(s)", flush=True)
-    cfg = resolve_models(cfg)
+    cfg = resolve_models(cfg)  # a model that is missing is named first
+    for line in check_host_memory(run_worker_stages(cfg, nproc, preparing=plays_teacher_rollouts(cfg))):
+        print(f"[run] {line}", flush=True)
     resolved = model_overrides(cfg)
     try:  # every input is checked first; the teacher's rollouts and the replay run on the ranks too
         timings = prepare(cfg, args.config, [*args.overrides, *resolved], nproc=nproc, in_child=nproc > 1)

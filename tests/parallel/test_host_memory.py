@@ -51,14 +51,14 @@ def test_scienceworld_and_the_unmeasured_benchmarks():
     assert check_host_memory([evaluation], (GIB, GIB)) == []
 
 
-def test_the_run_refuses_before_anything_starts(tmp_path, capsys):
-    """The CPU demo's config with the teacher's rollouts still to play at a b_max no machine holds: one line, exit
-    status 2, nothing written (the teacher does not exist: had the check let it through, that would be the error)."""
+def test_the_run_refuses_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """The CPU demo's config (its shipped models) with the teacher's rollouts still to play at a b_max no machine
+    holds: one line, exit status 2, before preparation writes anything."""
     from actfirst.run import main
 
-    status = main([f"out_dir={tmp_path / 'run'}", f"teacher={tmp_path / 'absent'}", "prepare.build_models=null",
-                   f"references={tmp_path / 'refs.jsonl'}", "prepare.teacher_rollouts=1",
-                   "scheduler.b_max=1000000", "student.max_num_seqs=1000000"])
+    monkeypatch.chdir(ROOT)
+    status = main([f"out_dir={tmp_path / 'run'}", "prepare.build_models=null", f"references={tmp_path / 'refs.jsonl'}",
+                   "prepare.teacher_rollouts=1", "scheduler.b_max=1000000", "student.max_num_seqs=1000000"])
     err = capsys.readouterr().err.strip()
     assert status == 2 and err.startswith("python -m actfirst.run: error: scheduler.b_max=1000000: preparation: ")
-    assert "of host memory;" in err and not (tmp_path / "run").exists()
+    assert "of host memory;" in err and not (tmp_path / "run").exists() and not list(tmp_path.iterdir())
