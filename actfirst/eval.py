@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     from actfirst.parallel.context import launched_as_rank
     from actfirst.parallel.launch import launch_ranks
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # KEY=VALUE overrides before and after options
     plan, engine_cfg, scheduler_cfg = serving(args)
     if not launched_as_rank():
         nproc = ranks_per_node(args.nproc_per_node)

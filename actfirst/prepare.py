@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", choices=STAGES, default=None,
                         help="run one rank's share of this stage only (how preparation starts its ranks)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # KEY=VALUE overrides before and after options
     cfg = load_run_config(args.config, args.overrides)
     if args.stage is not None:
         from torch.distributed.elastic.multiprocessing.errors import record

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     from actfirst.preparation.build import check_inputs, load_run_config, resolve_models
     from actfirst.train.stages import run_rank
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # KEY=VALUE overrides before and after options
     if args.gpu is not None and not args.dry_run:
         raise ConfigError(f"--gpu={args.gpu!r}: goes with --dry-run (a run plans for the GPUs it has)")
     if args.dry_run:

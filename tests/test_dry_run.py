@@ -54,7 +54,8 @@ def test_the_demo_could_start_and_a_missing_teacher_and_a_held_out_dir_are_both_
     assert "[dry run] the run could start; nothing was started" in out and not (tmp_path / "demo").exists()
     (tmp_path / "held").mkdir()
     (tmp_path / "held" / "metrics.jsonl").write_text("")
-    assert main(["--dry-run", f"out_dir={tmp_path / 'held'}", f"teacher={tmp_path / 'absent'}"]) == 1
+    # overrides on both sides of an option, as a user appends them
+    assert main([f"out_dir={tmp_path / 'held'}", "--dry-run", f"teacher={tmp_path / 'absent'}"]) == 1
     out = capsys.readouterr().out
     assert re.search(r"^  MISSING +teacher=.*absent: no such directory", out, re.M)
     assert re.search(r"^  REFUSED +out_dir=.*held: holds a run: add --resume", out, re.M)
