@@ -14,14 +14,14 @@ afterwards. A remote file is one of
 - :class:`DriveFile`: a Google Drive file, fetched by gdown (Drive's confirmation page for large files, resume);
 - :class:`UrlFile`: any other URL (a GitHub release asset), fetched by pooch (its sha256 where declared).
 
-Each is retried (:data:`RETRIES`) and checked against the size and sha256 its declaration pins where upstream fixes
-them (a mismatch deletes the file and names it). :func:`plan_fetch` says, before anything is fetched, what the
-fetch writes at most at once on the destination's filesystem (the downloads, plus what unpacking writes where that
-is known: concatenated parts, declared unpacked sizes) against what is free there; :func:`fetch_data` refuses to
-start when it does not fit. Downloads go to ``<dest>/.actfirst-data/downloads``; an archive is extracted into a
-staging folder and moved into place file by file; a source is marked done (``<dest>/.actfirst-data/<source>.done``)
-only after all of it is in place, so an interrupted run repeats at most the step it was in. Progress bars are the
-libraries' and tqdm's.
+Each library retries a dropped connection itself (:data:`RETRIES`), and each file is checked against the size and
+sha256 its declaration pins where upstream fixes them (a mismatch deletes the file and names it).
+:func:`plan_fetch` says, before anything is fetched, what the fetch writes at most at once on the destination's
+filesystem (the downloads, plus what unpacking writes where that is known: concatenated parts, declared unpacked
+sizes) against what is free there; :func:`fetch_data` refuses to start when it does not fit. Downloads go to
+``<dest>/.actfirst-data/downloads``; an archive is extracted into a staging folder and moved into place file by file;
+a source is marked done (``<dest>/.actfirst-data/<source>.done``) only after all of it is in place, so an
+interrupted run repeats at most the step it was in. Progress bars are the libraries' and tqdm's.
 """
 
 from __future__ import annotations
@@ -30,11 +30,9 @@ import dataclasses
 import gzip
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tarfile
-import time
 import zipfile
 import zlib
 from collections.abc import Iterable
@@ -45,14 +43,11 @@ from tqdm import tqdm
 
 from actfirst.core.files import write_atomically
 
-logger = logging.getLogger(__name__)
-
 CHUNK = 1 << 20
 STATE_DIR = ".actfirst-data"
 """Under a destination: finished-source markers, pinned commits, downloads in progress, archives being extracted."""
 RETRIES = 3
-"""Further attempts at a download that failed on the network (a resumed one continues where it stopped)."""
-RETRY_WAIT_S = 5.0
+"""Further attempts gdown and pooch make at a download that failed on the network (huggingface_hub makes its own)."""
 GIB = 2**30
 
 
@@ -274,29 +269,22 @@ def _existing(path: Path) -> Path:
 
 def fetch_file(remote: Remote, path: Path, *, commit: str | None = None) -> Path:
     """``remote`` at ``path``: kept if already there, else fetched by its library (a Hub file at ``commit``, else
-    at its revision) with :data:`RETRIES` retries, checked against its declared size and sha256, and moved to
-    ``path`` once whole. Raises :class:`DownloadError`."""
+    at its revision; each library retries a dropped connection on its own, the Hub's and Drive's resuming), checked
+    against its declared size and sha256, and moved to ``path`` once whole. Raises :class:`DownloadError`."""
     if path.is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    for attempt in range(RETRIES + 1):
-        try:
-            got = _fetch(remote, path, commit)
-            break
-        except _Retry as e:
-            if attempt == RETRIES:
-                raise DownloadError(f"{remote.where}: {e} (after {RETRIES} retries); what was received is kept "
-                                    f"for the next run of the same command") from None
-            logger.warning("%s: %s; retrying in %.0f s", remote.name, e, RETRY_WAIT_S)
-            time.sleep(RETRY_WAIT_S)
+    got = _fetch(remote, path, commit)
     _verify(remote, got)
     if got != path:
         os.replace(got, path)
     return path
 
 
-class _Retry(Exception):
-    """A failure worth another attempt (the network)."""
+def _failed(remote: Remote, error: BaseException) -> DownloadError:
+    """A download that failed on the network after its library's retries."""
+    return DownloadError(f"{remote.where}: {type(error).__name__}: {' '.join(str(error).split())[:300]} (after "
+                         f"{RETRIES} retries); what was received is kept: run the same command again to resume")
 
 
 def _fetch(remote: Remote, path: Path, commit: str | None) -> Path:
@@ -323,12 +311,9 @@ def _fetch_hub(remote: HubFile, path: Path, commit: str | None) -> Path:
     except RemoteEntryNotFoundError:
         raise DownloadError(f"{remote.where}: the Hub has no such file at {commit or remote.revision}") from None
     except HfHubHTTPError as e:
-        status = e.response.status_code if e.response is not None else None
-        if status is not None and status < 500 and status != 429:
-            raise DownloadError(f"{remote.where}: {' '.join(str(e).split())[:300]}") from None
-        raise _Retry(f"HTTP {status}") from None
+        raise DownloadError(f"{remote.where}: {' '.join(str(e).split())[:300]}") from None
     except (httpx2.HTTPError, OSError) as e:
-        raise _Retry(f"{type(e).__name__}: {e}") from None
+        raise _failed(remote, e) from None
 
 
 def _hub_dir(state: Path, repo: str) -> Path:
@@ -346,7 +331,7 @@ def _fetch_drive(remote: DriveFile, path: Path) -> Path:
     except FileURLRetrievalError as e:  # a quota or permission page instead of the file
         raise DownloadError(f"{remote.url}: Google Drive gave no file ({' '.join(str(e).split())[:300]})") from None
     except (gdown.exceptions.DownloadError, OSError) as e:
-        raise _Retry(f"{type(e).__name__}: {' '.join(str(e).split())[:300]}") from None
+        raise _failed(remote, e) from None
     return path
 
 
@@ -364,7 +349,7 @@ def _fetch_url(remote: UrlFile, path: Path) -> Path:
     except requests.HTTPError as e:
         raise DownloadError(f"{remote.url}: {e}") from None
     except (requests.RequestException, OSError) as e:
-        raise _Retry(f"{type(e).__name__}: {e}") from None
+        raise _failed(remote, e) from None
 
 
 def _pooch_hash(remote: UrlFile) -> str | None:
