@@ -62,3 +62,24 @@ def test_the_demo_could_start_and_a_missing_teacher_and_a_held_out_dir_are_both_
     assert "the run could not start: 2 problem(s)" in out
     assert main(["--gpu", "80GB"]) == 2 and "--gpu='80GB': goes with --dry-run" in capsys.readouterr().err
     assert main(["--dry-run", "--gpu", "huge"]) == 2 and "--gpu='huge': one of" in capsys.readouterr().err
+
+
+def test_a_hub_id_not_in_the_cache_is_fetched_at_start_unless_offline(tmp_path, monkeypatch, capsys):
+    """Online, an id the cache lacks is downloaded by the run at start (the dry run asks the Hub, here a port where
+    nothing answers: the Hub could not be asked); offline it is missing, with the command that fetches it."""
+    from huggingface_hub import constants
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    args = ["--dry-run", f"out_dir={tmp_path / 'run'}", "student.model=someone/absent-model"]
+    assert main(args) == 0
+    assert re.search(r"^  fetched at start +student\.model=someone/absent-model: not in the Hugging Face cache; the "
+                     r"run downloads it at start \(the Hub could not be asked now: \w+\); or first: hf download "
+                     r"someone/absent-model$", capsys.readouterr().out, re.M)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert main(args) == 1
+    assert re.search(r"^  MISSING +student\.model=someone/absent-model: .*HF_HUB_OFFLINE=1.*hf download "
+                     r"someone/absent-model", capsys.readouterr().out, re.M)
