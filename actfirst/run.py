@@ -3,6 +3,7 @@
     python -m actfirst.run                                      # the CPU demo (configs/demo/scienceworld_lifespan.yaml)
     python -m actfirst.run --config configs/train/<benchmark>/<setting>.yaml [key=value ...] [--resume]
     python -m actfirst.run --config ... --nproc-per-node 2      # ranks on this machine (default: one per GPU)
+    python -m actfirst.run --config ... --dry-run [--gpu 80GB]  # what it would use and need; starts nothing
     torchrun --nnodes N --nproc-per-node 8 ... -m actfirst.run --config ...   # several nodes
 
 Stages: ``actfirst.prepare`` (reference cache; for the demo also the teacher and the student's warm start) from the
@@ -38,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", default=None, help="a training config (default: the CPU demo)")
     parser.add_argument("--resume", action="store_true", help="continue the run in out_dir from its latest checkpoint")
     add_nproc_argument(parser, "ranks to start on this machine; ignored under torchrun, which sets its own")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the resolved config, where each model and data set resolves, the GPU memory plan "
+                             "and the host memory, and exit (0: the run could start) without starting anything")
+    parser.add_argument("--gpu", default=None, metavar="GPU",
+                        help="with --dry-run: plan for this GPU (80GB, 141GB or a size in GiB; default: the GPU here)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides (rollout.strategy=vanilla)")
     return parser
 
@@ -48,7 +54,15 @@ def main(argv: list[str] | None = None) -> int:
     from actfirst.parallel.context import launched_as_rank
     from actfirst.preparation.build import check_inputs, load_run_config, resolve_models
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # KEY=VALUE overrides before and after options
+    if args.gpu is not None and not args.dry_run:
+        raise ConfigError(f"--gpu={args.gpu!r}: goes with --dry-run (a run plans for the GPUs it has)")
+    if args.dry_run:
+        from actfirst.preparation.dry_run import dry_run
+
+        report = dry_run(args.config, args.overrides, nproc=args.nproc_per_node, gpu=args.gpu, resume=args.resume)
+        print("\n".join(report.lines()), flush=True)
+        return 0 if report.could_start else 1
     if not launched_as_rank():
         return launch(args)
     from torch.distributed.elastic.multiprocessing.errors import record
@@ -70,8 +84,15 @@ def main(argv: list[str] | None = None) -> int:
 def launch(args: argparse.Namespace) -> int:
     """The launching process: check the config, resolve its models (downloading Hub ids), prepare what is missing,
     start the ranks (with the models' local paths)."""
+    from actfirst.parallel.host_memory import check_host_memory, run_worker_stages
     from actfirst.parallel.launch import launch_ranks
-    from actfirst.preparation.build import RankFailed, load_run_config, model_overrides, resolve_models
+    from actfirst.preparation.build import (
+        RankFailed,
+        load_run_config,
+        model_overrides,
+        plays_teacher_rollouts,
+        resolve_models,
+    )
     from actfirst.train.stages import prepare
     from actfirst.train.trainer import check_layout
 
@@ -84,7 +105,9 @@ def launch(args: argparse.Namespace) -> int:
                           f"out_dir=... to start a new one")
     setup_logging(run_log_dir(cfg.out_dir))
     print(f"[run] config {args.config or DEMO_CONFIG}; out_dir {cfg.out_dir}; {nproc} rank(s)", flush=True)
-    cfg = resolve_models(cfg)
+    cfg = resolve_models(cfg)  # a model that is missing is named first
+    for line in check_host_memory(run_worker_stages(cfg, nproc, preparing=plays_teacher_rollouts(cfg))):
+        print(f"[run] {line}", flush=True)
     resolved = model_overrides(cfg)
     try:  # every input is checked first; the teacher's rollouts and the replay run on the ranks too
         timings = prepare(cfg, args.config, [*args.overrides, *resolved], nproc=nproc, in_child=nproc > 1)

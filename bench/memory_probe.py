@@ -32,11 +32,11 @@ import time
 from pathlib import Path
 
 import torch
-from memory_plan import load_activations, packed_row, student_update_gib
 from train_step import ATTENTION, SHAPES, Meter, set_attention, student
 
 from actfirst.core.files import write_atomically
 from actfirst.core.user_input import check_writable_file, command
+from actfirst.parallel.memory_plan import load_activations, packed_row, student_update_gib
 
 MiB = 2**20
 RESPONSE_TOKENS = 512
@@ -44,8 +44,8 @@ RESPONSE_TOKENS = 512
 
 def predicted_mib(shape: str, tokens: int, samples: int, attention: str, checkpointing: bool) -> float | None:
     """The memory plan's update phase of the student alone for one row of ``tokens`` at one rank (its shards, the
-    update's transients and the measured activations: ``memory_plan.student_update_gib``), in MiB; None for a shape
-    the plan has not measured (the dry run's tiny one)."""
+    update's transients and the measured activations: ``actfirst.parallel.memory_plan.student_update_gib``), in MiB;
+    None for a shape the plan has not measured (the dry run's tiny one)."""
     measured, name = load_activations(), f"Qwen3-{shape}"
     if name not in measured:
         return None

@@ -18,7 +18,7 @@ from actfirst.envs.benchmarks import BENCHMARKS, import_benchmark_module
 from actfirst.models.hub import is_hub_id
 from actfirst.rollout.prompts import PromptSet
 from actfirst.rollout.strategies import STRATEGIES, TCODConfig, UOPDConfig
-from actfirst.train.trackers import check_report_to
+from actfirst.train.trackers import check_report_to, report_to_list
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo" / "scienceworld_lifespan.yaml"
 """The CPU demo's config (``python -m actfirst.run`` with no ``--config``)."""
@@ -516,10 +516,10 @@ class TrainConfig:
     """vLLM's own log lines on the console from this level up; all of them (INFO and up) go to
     ``<out_dir>/logs/vllm_rank<r>.log``."""
     prepare: PrepareConfig = dataclasses.field(default_factory=PrepareConfig)
-    report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])
+    report_to: list[str] | str = dataclasses.field(default_factory=lambda: ["tensorboard"])
     """Trackers that receive every update's metrics, the config and the training curve (rank 0 only):
-    ``tensorboard``, ``wandb``, ``trackio`` (``actfirst.train.trackers``); ``[]``: none. ``metrics.jsonl`` is always
-    written."""
+    ``tensorboard``, ``wandb``, ``trackio`` (``actfirst.train.trackers``); ``[]`` or ``none``: none; ``all``: every
+    installed one; one name alone as TRL takes it (a list once loaded). ``metrics.jsonl`` is always written."""
     tracker_project: str = "actfirst"
     """The wandb / Trackio project (the run's name there: its out_dir's last part)."""
     seed: int = 0
@@ -551,6 +551,7 @@ class TrainConfig:
         check(self.teacher_revision is None or bool(self.teacher_revision.strip()), "teacher_revision",
               self.teacher_revision, "must name a branch, tag or commit (or be null)")
         check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
+        self.report_to = report_to_list(self.report_to)
         check_report_to(self.report_to)
         check(bool(self.tracker_project.strip()), "tracker_project", self.tracker_project, "must name a project")
         check(self.references is None or bool(self.references.strip()), "references", self.references,

@@ -112,6 +112,10 @@ class Benchmark(abc.ABC):
     state_source: ClassVar[str | None] = None
     """What the environment's state (``TextEnv.state``) holds for C.5's state-action pairs; None: no state, so no
     rollout-quality measurement."""
+    worker_mib: ClassVar[int | None] = None
+    """Resident host memory of one environment worker (its process and what it starts, ScienceWorld's JVM), MiB, as
+    measured with 16 workers (``bench/env_throughput.py``, bench/RESULTS.md); None: not measured. A run holds one
+    worker per episode in flight (``actfirst.parallel.host_memory``)."""
     data: ClassVar[BenchmarkData | None] = None
     """What ``python -m actfirst.data <name>`` fetches and where it puts it (``actfirst/envs/<name>/data.py``); None:
     the benchmark declares no data."""
@@ -226,6 +230,11 @@ class Benchmark(abc.ABC):
     @abc.abstractmethod
     def _tasks(self, split: str) -> list:
         """``tasks`` for a known split."""
+
+    def made_at_start(self) -> str | None:
+        """What the run makes of this benchmark's tasks before it can list them (games generated offline), in one
+        line for a dry run, which lists tasks only where nothing is to be made; None: nothing."""
+        return None
 
     def succeeded(self, transition: Transition) -> bool:
         """C.1 success of an episode's final transition (each environment sets ``won`` by C.1's rule)."""

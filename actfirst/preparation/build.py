@@ -71,7 +71,7 @@ def ensure_prepared(cfg: TrainConfig, nproc: int = 1) -> dict[str, float]:
     if cfg.references is not None and not Path(cfg.references).is_file():
         started = time.perf_counter()
         candidates = list(cfg.prepare.candidate_files)
-        if cfg.prepare.teacher_rollouts and build is None:
+        if plays_teacher_rollouts(cfg):
             candidates.append(str(_teacher_rollouts(cfg, benchmark, nproc)))
         _build_references(cfg, benchmark, candidates, nproc)
         timings["references_s"] = time.perf_counter() - started
@@ -122,6 +122,13 @@ def check_inputs(cfg: TrainConfig, *, buildable: bool = False) -> None:
         else:
             raise ConfigError(f"references={cfg.references!r}: no such file")
     check_writable_dir(cfg.out_dir, "out_dir")
+
+
+def plays_teacher_rollouts(cfg: TrainConfig) -> bool:
+    """Whether preparation will play the teacher's rollouts: the reference cache is still to be built, with
+    ``prepare.teacher_rollouts`` per task, by a teacher that is not built (a built teacher plays none)."""
+    return (cfg.references is not None and not Path(cfg.references).is_file() and cfg.prepare.teacher_rollouts > 0
+            and cfg.prepare.build_models is None)
 
 
 def models_to_build(cfg: TrainConfig) -> list[str]:

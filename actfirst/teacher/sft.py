@@ -146,12 +146,13 @@ class TeacherSFTConfig:
 def load_teacher_config(path: str | None, overrides: list[str], *, train_config: str | None = None
                         ) -> TeacherSFTConfig:
     """The config of ``path`` plus overrides; ``train_config``: a training YAML whose ``benchmark`` and ``env`` (and
-    ``references``, when this config names none) the teacher takes, so that it replays what the run trains on."""
+    ``references``, when this config names none) the teacher takes, so that it replays what the run trains on; the
+    ``env.*`` overrides apply to that training config's ``env`` (as the run's own overrides would)."""
     if train_config is None:
         return load_config(TeacherSFTConfig, path, overrides)
     from actfirst.preparation.build import load_run_config
 
-    run = load_run_config(train_config, [])
+    run = load_run_config(train_config, [o for o in overrides if o.startswith(("env.", "env="))])
     taken = [f"benchmark={run.benchmark}", f"env={json.dumps(to_dict(run.env) if run.env is not None else None)}"]
     if run.references is not None:
         taken.append(f"references={run.references}")

@@ -158,6 +158,7 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
               *(f"  {name + ':':<11} {where}" for name, where in trackers.items()),
               f"  plot:       {out / 'training_curve.png'}",
               (f"  checkpoint: {out / 'checkpoints'} (re-evaluate: python -m actfirst.eval --config "
-               f"{out / 'config.json'} --checkpoint DIR; a model to hand on: python -m actfirst.export DIR --out ...)"),
+               f"{out / 'config.json'} --checkpoint latest; a model to hand on: python -m actfirst.export "
+               f"{out / 'checkpoints' / 'latest'} --out ...; best instead of latest with keep_best)"),
               f"  summary:    {out / 'run_summary.json'}"]
     return "\n".join(lines)

@@ -27,6 +27,7 @@ class ALFWorldBenchmark(Benchmark):
     fast_actions = True
     state_source = "positive facts and the task-success flag"
     data = ALFWorldData()
+    worker_mib = 103  # bench/RESULTS.md, environment throughput: 16 workers on generated games
     TASK_TYPES = {"pick_and_place_simple": "Pick", "look_at_obj_in_light": "Look",
                   "pick_clean_then_place_in_recep": "Clean", "pick_heat_then_place_in_recep": "Heat",
                   "pick_cool_then_place_in_recep": "Cool", "pick_two_obj_and_place": "Pick2"}
@@ -81,6 +82,19 @@ class ALFWorldBenchmark(Benchmark):
         """valid_seen or valid_unseen: the split folder that holds the game (``json_2.1.1/<split>/...`` or the
         generated ``<generated_dir>/<split>/...``); None for a game outside them (a training game)."""
         return next((part for part in reversed(Path(task.game_file).parts) if part in self.EVAL_SPLITS), None)
+
+    def made_at_start(self) -> str | None:
+        """With ``games: generated``: the games still to be generated (none with ``games: real``)."""
+        if self.config.games != "generated":
+            return None
+        from actfirst.envs.alfworld.games import SPLITS, missing_games
+
+        missing = sum(missing_games(Path(self.config.generated_dir) / split, self.config.games_per_type)
+                      for split in SPLITS)
+        if not missing:
+            return None
+        return (f"{missing} games generated offline into {self.config.generated_dir} at start "
+                f"({self.config.games_per_type} per task type and split; not the paper's games)")
 
     def _tasks(self, split: str) -> list:
         """train: ALFWorld's train split; eval: valid_seen and valid_unseen, in that order (C.1). From the official

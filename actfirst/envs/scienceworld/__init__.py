@@ -23,6 +23,7 @@ class ScienceWorldBenchmark(Benchmark):
     config_class = ScienceWorldConfig
     transition_class = ScienceWorldTransition
     data = ScienceWorldData()
+    worker_mib = 269  # bench/RESULTS.md, environment throughput: 16 workers, each with its JVM
     templates = TEMPLATES
     fast_actions = True
     partial_score = True

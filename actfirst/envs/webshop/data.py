@@ -1,5 +1,6 @@
 """WebShop's data as ``python -m actfirst.data webshop`` fetches it: the files WebShop's ``./setup.sh -d all`` and
-``-d small`` download (its Google Drive ids), into WebShop's own ``data`` folder when WebShop is installed.
+``-d small`` download (its Google Drive ids, through gdown), into WebShop's own ``data`` folder when WebShop is
+installed.
 
 The files (``env.product_file``, ``env.attribute_file``, ``env.goal_file``) may also be named by path. WebShop's
 search index is built by WebShop's own scripts from the same catalog: ``scripts/setup_webshop.sh`` fetches the files
@@ -10,13 +11,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from actfirst.preparation.downloads import BenchmarkData, Download, Source
-
-_DRIVE = "https://drive.usercontent.google.com/download?export=download&confirm=t&id="
+from actfirst.preparation.downloads import BenchmarkData, DriveFile, Source, drive_url
 
 
 def _drive(name: str, file_id: str, what: str) -> Source:
-    return Source(name.removesuffix(".json"), (Download(_DRIVE + file_id, name),), "copy", what=what)
+    return Source(name.removesuffix(".json"), (DriveFile(drive_url(file_id), name),), "copy", what=what)
 
 
 def webshop_data_dir() -> Path | None:
