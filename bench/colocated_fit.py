@@ -44,12 +44,13 @@ from pathlib import Path
 
 import torch
 from bench_logprob_gather import matmul_ceiling
-from memory_plan import load_activations, load_train_config, params, plan
+from memory_plan import load_train_config
 from memory_probe import row_samples
 from train_step import DTYPES, SHAPES, Meter, qwen3
 
 from actfirst.core.files import write_atomically
 from actfirst.core.user_input import check_writable_file, command
+from actfirst.parallel.memory_plan import load_activations, params, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "train" / "alfworld" / "qwen3-1.7b.yaml"
