@@ -171,6 +171,33 @@ def test_same_sr_from_the_fixed_threshold(runs):
     assert "| 0 of 2 (not: 1, 2) |" in table and "| 2 of 2 |" in table
 
 
+def test_same_sr_restricted_over_every_seed(runs):
+    """The restricted times keep every seed: the horizon is the shortest last checkpoint of a finished run (actfirst
+    seed 1's 120 s; w/o ID's unfinished seed 2, evaluated only at 0 s, is not counted), and each run's time to the
+    threshold is min(T, 120 s). Threshold 40%: vanilla 300 -> 120 and 170 -> 120, actfirst 60 and 70, w/o ID 200 ->
+    120. Threshold 55%, which vanilla never reaches, still gives a figure over both seeds: actfirst reaches it at
+    120 s and 140 s, both 120 after the restriction, a ratio of 1 where the seeds-reached figure has none."""
+    vanilla, actfirst, no_id = comparison_rows(runs, threshold=40.0)
+    assert vanilla["restricted_horizon_s"] == actfirst["restricted_horizon_s"] == 120.0
+    assert (vanilla["restricted_time_s"]["mean"], vanilla["restricted_time_s"]["sd"]) == (120.0, 0.0)
+    assert actfirst["restricted_time_s"]["mean"] == pytest.approx(65.0)
+    logs = np.log([120 / 60, 120 / 70])
+    half = math.tan(0.475 * math.pi) * logs.std(ddof=1) / math.sqrt(2)
+    assert actfirst["speedup_restricted"] == pytest.approx(math.exp(logs.mean()), rel=1e-12)
+    assert actfirst["speedup_restricted_ci95"] == pytest.approx(np.exp([logs.mean() - half, logs.mean() + half]))
+    assert actfirst["speedup_restricted_seeds"] == [1, 2] and vanilla["speedup_restricted"] == 1.0
+    assert no_id["speedup_restricted"] == pytest.approx(1.0) and no_id["speedup_restricted_seeds"] == [1]
+    vanilla, actfirst, _ = comparison_rows(runs, threshold=55.0)
+    assert actfirst["speedup_at_threshold"] is None and actfirst["speedup_restricted"] == pytest.approx(1.0)
+    assert actfirst["speedup_restricted_seeds"] == [1, 2]
+    table = comparison_table(comparison_rows(runs, threshold=40.0), 40.0)
+    assert "Restricted mean time to it, tau 120 s (every seed)" in table
+    assert f"| {math.exp(logs.mean()):.2f}x [" in table
+    assert all(m["restricted_horizon_s"] is None and m["speedup_restricted"] is None
+               for m in comparison_rows(runs))  # no threshold, no restricted figure
+    assert comparison_table(comparison_rows(runs)).count("Restricted") == 0
+
+
 def test_the_warm_start_opens_every_curve(tmp_path):
     """Checkpoints are evaluated from the first one on; update 0 is the warm start's evaluation, at 0 s."""
     write_run(tmp_path, wall=100.0, transitions=40, evals=[(2, 50.0, [3, 3]), (4, 100.0, [5, 5])])
@@ -245,16 +272,18 @@ def test_table(runs):
     assert lines[0] == ("| Method | Seeds | SR (%) | Round | Train (s) | Transitions | Transitions/s | Speedup vs "
                         "Vanilla OPD, same updates (paired t 95% CI) | Bootstrap 95% CI (cross-check) | "
                         "Transitions/s ratio / transitions ratio (Sec. 5.4) | Seeds reaching 40.0% | Time to it (s) | "
-                        "Speedup at it (paired t 95% CI, seeds) | Rollout speedup measured / Eq. 36 "
+                        "Speedup at it (paired t 95% CI, seeds) | Restricted mean time to it, tau 120 s (every seed) | "
+                        "Speedup at it, restricted (paired t 95% CI, every seed) | Rollout speedup measured / Eq. 36 "
                         "(each run's own records, paired t 95% CI) |")
     assert len(lines) == 5
     # Sec. 5.4: transitions/s 5.00 / 2.18 (vanilla: 2.0 and 2.35) and transitions 650 / 700
     assert lines[2] == ("| Vanilla OPD | 2 | 45.0 ± 7.1 | 5.0 ± 0.0 | 320 ± 28 | 700 ± 141 | 2.18 ± 0.25 | 1.00x |  | "
-                        "1.00 / 1.00 | 2 of 2 | 235 ± 92 | 1.00x, 2 | - / - |")
+                        "1.00 / 1.00 | 2 of 2 | 235 ± 92 | 1.00x, 2 | 120 ± 0 | 1.00x, 2 | - / - |")
     assert lines[3].startswith("| ActFirst-OPD | 2 | 65.0 ± 7.1 | 5.0 ± 0.0 | 130 ± 14 | 650 ± 71 | 5.00 ± 0.00 | "
                                "2.46x [2.05, 2.96] | [2.14, 2.83] | 2.30 / 0.93 | 2 of 2 | 65 ± 7 | 3.48x [")
     assert lines[4] == ("| w/o ID | 1 (+1 unfinished) | 40.0 ± n/a | 5.0 ± n/a | 200 ± n/a | 500 ± n/a | "
-                        "2.50 ± n/a | 1.50x |  | 1.15 / 0.71 | 1 of 1 | 200 ± n/a | 1.50x, 1 | - / - |")
+                        "2.50 ± n/a | 1.50x |  | 1.15 / 0.71 | 1 of 1 | 200 ± n/a | 1.50x, 1 | 120 ± n/a | 1.00x, 1 | "
+                        "- / - |")
     # the rollout speedups, paired over seeds 1 and 2 from each run's own records: measured 30/15 and 34/16 (the
     # geometric mean 2.06, t_1 = 12.706), Eq. 36 40/10 and 44/11 (4 both times: no spread)
     assert lines[3].endswith("| 2.06x [1.40, 3.03] / 4.00x [4.00, 4.00] |"), lines[3]

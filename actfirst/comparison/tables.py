@@ -20,7 +20,13 @@ wall-clock is C.3's final ``train_s`` (``wall_clock.json``). One row per method,
 - Same SR: the threshold fixed before any run trained (``compare.threshold``, :func:`fixed_threshold`), each run's
   time to it (its first checkpoint at or above it, no interpolation: :func:`time_to_threshold`), and the paired
   interval of the speedup there over the seeds where both methods reach it; a seed where either never reaches it
-  is left out of the interval and listed ("not reached").
+  is left out of the interval and listed ("not reached"). Beside it, over every seed (leaving seeds out biases the
+  figure towards the method that reaches the threshold less often): each run's time to the threshold restricted to
+  a horizon tau, min(T, tau), where tau is the shortest last-checkpoint time of any finished run of the
+  comparison, so that every run was observed up to tau and a run that does not reach the threshold by then counts
+  as tau (:func:`restricted_horizon`, :func:`restricted_time`); per method the restricted mean time to the
+  threshold (RMST) over its seeds, and the paired speedup of those restricted times over the seeds both finished.
+  A seed where neither method reaches the threshold by tau adds a ratio of 1: the figure is conservative.
 - Sec. 5.4's split: the method's transitions per second and executed transitions over Vanilla OPD's (elapsed time
   is transitions over throughput, so the speedup is close to the first ratio over the second).
 - The rollout speedup from each run's own request records (``actfirst.train.speedup.run_figures``, the run's
@@ -212,6 +218,21 @@ def time_to_threshold(curve: list[dict[str, Any]], threshold: float) -> dict[str
     return None if point is None else {"update": point["update"], "elapsed_s": point["elapsed_s"]}
 
 
+def restricted_horizon(runs: list[dict[str, Any]]) -> float | None:
+    """The horizon tau of the restricted times: the shortest time of a last evaluated checkpoint among ``runs`` (run
+    rows of finished runs), so that every one of them was observed up to tau; None when a run has no checkpoint
+    past update 0."""
+    ends = [r["curve"][-1]["elapsed_s"] if r["curve"] else 0.0 for r in runs]
+    return min(ends) if ends and min(ends) > 0 else None
+
+
+def restricted_time(run: dict[str, Any], horizon: float) -> float:
+    """A run's time to the threshold restricted to ``horizon``: min(T, tau), the horizon itself where the run does
+    not reach the threshold by then (or at all)."""
+    reached = run["to_threshold"]
+    return horizon if reached is None else min(reached["elapsed_s"], horizon)
+
+
 def comparison_rows(runs: dict[str, dict[int, Path]], *, warm_start: dict[str, Any] | None = None,
                     threshold: float | None = None) -> list[dict[str, Any]]:
     """One row per strategy of ``runs`` (strategy -> training seed -> run directory, in that order) with its
@@ -221,12 +242,17 @@ def comparison_rows(runs: dict[str, dict[int, Path]], *, warm_start: dict[str, A
                               for seed, path in by_seed.items()]) for s, by_seed in runs.items()]
     base = next((m for m in methods if m["strategy"] == BASELINE and m["train_s"]), None)
     base_runs = _finished(base["runs"]) if base else []
+    horizon = restricted_horizon([r for m in methods for r in _finished(m["runs"])]) if threshold is not None else None
     for m in methods:
         done = _finished(m["runs"])
+        m["restricted_horizon_s"] = horizon
+        m["restricted_time_s"] = _over_seeds([restricted_time(r, horizon) for r in done]) if horizon else None
         if m is base:  # against itself: 1 by definition, no interval
             m.update(speedup=1.0, speedup_ci95=None, speedup_seeds=m["seeds"], speedup_log_sd=None,
                      speedup_bootstrap_ci95=None, speedup_at_threshold=1.0 if m["reached"] else None,
-                     speedup_at_threshold_ci95=None, speedup_at_threshold_seeds=m["reached"])
+                     speedup_at_threshold_ci95=None, speedup_at_threshold_seeds=m["reached"],
+                     speedup_restricted=1.0 if horizon else None, speedup_restricted_ci95=None,
+                     speedup_restricted_seeds=m["seeds"] if horizon else [])
             m.update(speedup_split(base, m), **{f"rollout_{k}": None for k in ROLLOUT_MODEL})
             continue
         same = paired_ratio({r["seed"]: r["train_s"] for r in base_runs}, {r["seed"]: r["train_s"] for r in done})
@@ -238,6 +264,10 @@ def comparison_rows(runs: dict[str, dict[int, Path]], *, warm_start: dict[str, A
                                for side in (base_runs, done)))
         m["speedup_at_threshold"], m["speedup_at_threshold_ci95"] = at_sr["ratio"], at_sr["ci95"]
         m["speedup_at_threshold_seeds"] = at_sr["seeds"]
+        restricted = paired_ratio(*({r["seed"]: restricted_time(r, horizon) for r in side} if horizon else {}
+                                    for side in (base_runs, done)))
+        m["speedup_restricted"], m["speedup_restricted_ci95"] = restricted["ratio"], restricted["ci95"]
+        m["speedup_restricted_seeds"] = restricted["seeds"]
         m.update(speedup_split(base, m), **rollout_speedups(base_runs, done))
     return methods
 
@@ -298,6 +328,15 @@ def comparison_table(methods: list[dict[str, Any]], threshold: float | None = No
             columns += [("Speedup at it (paired t 95% CI, seeds)", lambda m: _fmt(m["speedup_at_threshold"], ".2f", "x")
                          + _ci(m["speedup_at_threshold_ci95"], ".2f", lead=" ", absent="")
                          + (f", {len(m['speedup_at_threshold_seeds'])}" if m["speedup_at_threshold"] else ""))]
+        horizon = next((m["restricted_horizon_s"] for m in methods if m["restricted_horizon_s"]), None)
+        if horizon is not None:
+            columns += [(f"Restricted mean time to it, tau {horizon:.0f} s (every seed)",
+                         lambda m: _pm(m["restricted_time_s"], ".0f"))]
+        if horizon is not None and any(m["strategy"] == BASELINE for m in methods):
+            columns += [("Speedup at it, restricted (paired t 95% CI, every seed)",
+                         lambda m: _fmt(m["speedup_restricted"], ".2f", "x")
+                         + _ci(m["speedup_restricted_ci95"], ".2f", lead=" ", absent="")
+                         + (f", {len(m['speedup_restricted_seeds'])}" if m["speedup_restricted"] else ""))]
     if any((m.get("rollout_eq36") or {}).get("ratio") for m in methods):
         columns += [("Rollout speedup measured / Eq. 36 (each run's own records, paired t 95% CI)",
                      lambda m: f"{_paired(m['rollout_measured'])} / {_paired(m['rollout_eq36'])}")]
@@ -415,7 +454,10 @@ def write_comparison(runs: dict[str, dict[int, Path]], out: str | Path, *,
         text += (f"\n\nSame SR: threshold {threshold:.1f}% ({fixed.get('setting')!r}, fixed before training: "
                  f"{fixed.get('how', '')}). Time to it: a run's first checkpoint at or above it (no interpolation); "
                  "the speedup there is paired over the seeds where both methods reach it, a seed that never does "
-                 "is left out (listed under Seeds reaching).")
+                 "is left out (listed under Seeds reaching). Restricted: every seed, each run's time to the threshold "
+                 "as min(T, tau), tau the shortest last-checkpoint time of any finished run (every run observed up "
+                 "to it; one that has not reached the threshold by then counts as tau); its mean over seeds (RMST) "
+                 "and the paired speedup of those times.")
     if teacher_sr is not None:
         text += f"\n\nTeacher: SR {_pm(teacher['SR'])} %, pooled 95% CI {_ci(teacher.get('SR_ci95_pooled'))}"
     text += "\n\nRuns (SR: mean ± SD over the evaluation seeds):\n\n" + runs_table(methods)
