@@ -251,6 +251,18 @@ def test_attention_choice_and_refusals(tmp_path):
             load_config(TrainConfig, demo, ["parallel.attention=dense"])
 
 
+def test_micro_batch_tokens_below_one_sample_loads():
+    """A micro-batch never splits a sample (a longer one rides alone), so any budget >= 1 is a valid config: 1 gives
+    every sample its own forward."""
+    from actfirst.core.config import TrainConfig
+    from actfirst.core.schema import load_config
+    from actfirst.core.user_input import ConfigError
+
+    assert load_config(TrainConfig, DEMO_CONFIG, ["micro_batch_tokens=1"]).micro_batch_tokens == 1
+    with pytest.raises(ConfigError, match=r"^micro_batch_tokens=0: must be >= 1"):
+        load_config(TrainConfig, DEMO_CONFIG, ["micro_batch_tokens=0"])
+
+
 @pytest.fixture
 def flash_varlen_test_double(monkeypatch):
     """flash-attn's varlen function, in torch (each sample's causal SDPA, KV heads repeated), put where transformers
