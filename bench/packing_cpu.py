@@ -24,9 +24,11 @@ one-thread engine (``actfirst.train.pipeline.update_threads``; one on 2 cores), 
 Per repeat, the variants in turn, alternating (ABAB...; each repeat reverses the order of the one before: ABBA for
 two): the teacher scores the batch (``TeacherScorer.score``), the student updates on it
 (``StudentUpdater.update``); seconds of each and the load average (``/proc/loadavg``) when each began. The first
-repeat warms up (not in the summary unless ``--repeats 1``). Printed: per variant, the mean seconds of scoring,
-update and both, and each variant's speedup over the first as the mean of per-repeat ratios with their range; a
-check that every variant's teacher log-probs equal the first's. ``--out``: everything, as JSON, written atomically.
+repeat warms up (not in the summary unless ``--repeats 1``). Seconds are wall-clock and the measuring thread's CPU
+time (with one torch thread, what the work took whatever else loads the machine). Printed: per variant, the mean
+seconds of scoring, update and both, and each variant's speedup over the first, the median of per-repeat ratios
+with their range; a check that every variant's teacher log-probs equal the first's. ``--out``: everything, as JSON,
+written atomically.
 """
 
 from __future__ import annotations
@@ -197,39 +199,62 @@ def loadavg() -> float:
 
 def measure(models: dict, samples: list, repeats: int) -> tuple[list[dict], dict]:
     """Every repeat's rows (the variants alternating, the order reversed each repeat) and each variant's teacher
-    log-probs of its last repeat."""
+    log-probs of its last repeat. Seconds: wall-clock (``*_s``) and this thread's CPU time (``*_cpu_s``: with one
+    torch thread the work runs in the calling thread, so it counts what the work took, not what the machine's other
+    load took from it)."""
     variants, rows, scores = list(models), [], {}
     for repeat in range(repeats):
         for v in variants if repeat % 2 == 0 else variants[::-1]:
             scorer, updater = models[v]
             batch = [dataclasses.replace(s, teacher_logprobs=None) for s in samples]
-            load, t0 = loadavg(), time.perf_counter()
+            load = loadavg()
+            t0, c0 = time.perf_counter(), time.thread_time()
             scorer.score(batch)
-            t1 = time.perf_counter()
+            t1, c1 = time.perf_counter(), time.thread_time()
             metrics = updater.update(batch, current_version=0)
-            t2 = time.perf_counter()
+            t2, c2 = time.perf_counter(), time.thread_time()
             scores[v] = torch.tensor([x for s in batch for x in s.teacher_logprobs])
             rows.append({"repeat": repeat, "variant": v.name, "score_s": t1 - t0, "update_s": t2 - t1,
-                         "total_s": t2 - t0, "loadavg_1m": load, "loss": metrics["loss"]})
-            print(f"repeat {repeat} {v.name:>12}: score {t1 - t0:6.2f} s, update {t2 - t1:6.2f} s "
-                  f"(load {load:.2f})", flush=True)
+                         "total_s": t2 - t0, "score_cpu_s": c1 - c0, "update_cpu_s": c2 - c1, "total_cpu_s": c2 - c0,
+                         "loadavg_1m": load, "loss": metrics["loss"]})
+            print(f"repeat {repeat} {v.name:>12}: score {t1 - t0:6.2f} s ({c1 - c0:5.2f} CPU), update {t2 - t1:6.2f} s "
+                  f"({c2 - c1:5.2f} CPU), load {load:.2f}", flush=True)
     return rows, scores
 
 
+TIMES = ("score_s", "update_s", "total_s", "score_cpu_s", "update_cpu_s", "total_cpu_s")
+
+
 def summarize(rows: list[dict], names: list[str], repeats: int) -> dict:
-    """Per variant: mean seconds of scoring, update and both over the measured repeats (all but the first, unless
-    there is one), and the speedup of scoring + update over the first variant: the mean of per-repeat ratios, with
-    their range."""
+    """Per variant: the mean of each of :data:`TIMES` over the measured repeats (all but the first, unless there is
+    one), and the speedup of scoring + update over the first variant, wall-clock and CPU: the per-repeat ratios'
+    median, mean and range."""
     kept = [r for r in rows if r["repeat"] > 0 or repeats == 1]
     by = {(r["repeat"], r["variant"]): r for r in kept}
     out = {}
     for name in names:
         mine = [r for r in kept if r["variant"] == name]
-        ratios = [by[(r["repeat"], names[0])]["total_s"] / r["total_s"] for r in mine]
-        out[name] = {key: statistics.mean(r[key] for r in mine) for key in ("score_s", "update_s", "total_s")}
-        out[name].update(speedup=statistics.mean(ratios), speedup_min=min(ratios), speedup_max=max(ratios),
-                         loadavg=[r["loadavg_1m"] for r in mine])
+        out[name] = {key: statistics.mean(r[key] for r in mine) for key in TIMES}
+        out[name]["loadavg"] = [r["loadavg_1m"] for r in mine]
+        for kind, key in (("wall", "total_s"), ("cpu", "total_cpu_s")):
+            ratios = [by[(r["repeat"], names[0])][key] / r[key] for r in mine]
+            out[name][f"speedup_{kind}"] = {"median": statistics.median(ratios), "mean": statistics.mean(ratios),
+                                            "min": min(ratios), "max": max(ratios)}
     return out
+
+
+def table(summary: dict) -> list[str]:
+    """The summary as Markdown rows."""
+    rows = ["| variant | micro-batches | padding tokens | score (s) | update (s) | both (s) | both, CPU (s) | "
+            "speedup, wall: median (range) | speedup, CPU: median (range) | teacher diff |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, s in summary.items():
+        wall, cpu = s["speedup_wall"], s["speedup_cpu"]
+        rows.append(f"| {name} | {s['micro_batches']} | {s['padding']:,} | {s['score_s']:.2f} | {s['update_s']:.2f} | "
+                    f"{s['total_s']:.2f} | {s['total_cpu_s']:.2f} | {wall['median']:.2f}x ({wall['min']:.2f}-"
+                    f"{wall['max']:.2f}) | {cpu['median']:.2f}x ({cpu['min']:.2f}-{cpu['max']:.2f}) | "
+                    f"{s['teacher_max_abs_diff']:.1e} |")
+    return rows
 
 
 @command
@@ -262,14 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[v.name]["teacher_max_abs_diff"] = float((scores[v] - first).abs().max())
         mbs = pack(samples, v.micro_batch_tokens, v.layout)
         summary[v.name].update(micro_batches=len(mbs), padding=sum(mb.input_ids.numel() - mb.num_tokens for mb in mbs))
-    print("| variant | micro-batches | padding tokens | score (s) | update (s) | both (s) | speedup (range) | "
-          "teacher diff |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, s in summary.items():
-        print(f"| {name} | {s['micro_batches']} | {s['padding']:,} | {s['score_s']:.2f} | {s['update_s']:.2f} | "
-              f"{s['total_s']:.2f} | "
-              f"{s['speedup']:.2f}x ({s['speedup_min']:.2f}-{s['speedup_max']:.2f}) | "
-              f"{s['teacher_max_abs_diff']:.1e} |")
+    print("\n".join(table(summary)))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_atomically(args.out, json.dumps({
         "config": args.config, "overrides": args.overrides, "teacher": teacher_dir, "student": student_dir,
