@@ -23,12 +23,13 @@ one-thread engine (``actfirst.train.pipeline.update_threads``; one on 2 cores), 
 
 Per repeat, the variants in turn, alternating (ABAB...; each repeat reverses the order of the one before: ABBA for
 two): the teacher scores the batch (``TeacherScorer.score``), the student updates on it
-(``StudentUpdater.update``); seconds of each and the load average (``/proc/loadavg``) when each began. The first
-repeat warms up (not in the summary unless ``--repeats 1``). Seconds are wall-clock and the measuring thread's CPU
-time (with one torch thread, what the work took whatever else loads the machine). Printed: per variant, the mean
-seconds of scoring, update and both, and each variant's speedup over the first, the median of per-repeat ratios
-with their range; a check that every variant's teacher log-probs equal the first's. ``--out``: everything, as JSON,
-written atomically.
+(``StudentUpdater.update``, the samples ``--version-lag`` versions behind: one by default, as under the async
+pipeline, where the update's forward for the mismatch metric skips them); seconds of each and the load average
+(``/proc/loadavg``) when each began. The first repeat warms up (not in the summary unless ``--repeats 1``). Seconds
+are wall-clock and the measuring thread's CPU time (with one torch thread, what the work took whatever else loads
+the machine). Printed: per variant, the mean seconds of scoring, update and both, and each variant's speedup over
+the first, the median of per-repeat ratios with their range; a check that every variant's teacher log-probs equal
+the first's. ``--out``: everything, as JSON, written atomically.
 """
 
 from __future__ import annotations
@@ -69,6 +70,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", nargs="+", default=["packed", "padded"],
                         help="layout[@micro_batch_tokens] (default budget: the config's)")
     parser.add_argument("--repeats", type=positive_int, default=4, help="rounds over the variants, the first a warm-up")
+    parser.add_argument("--version-lag", type=int, choices=[0, 1], default=1,
+                        help="how many updates behind the samples are: 1 under the async pipeline (the default "
+                             "pipeline; collected ahead, under the weights before the update), 0 serial")
     parser.add_argument("--threads", type=positive_int, help="torch threads (default: the trainer's on this CPU)")
     parser.add_argument("--samples", default="runs/packing_cpu/samples.json", help="collected once, then reused")
     parser.add_argument("--pick", choices=["random", "longest"], default="random",
@@ -197,7 +201,7 @@ def loadavg() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
 
-def measure(models: dict, samples: list, repeats: int) -> tuple[list[dict], dict]:
+def measure(models: dict, samples: list, repeats: int, version_lag: int) -> tuple[list[dict], dict]:
     """Every repeat's rows (the variants alternating, the order reversed each repeat) and each variant's teacher
     log-probs of its last repeat. Seconds: wall-clock (``*_s``) and this thread's CPU time (``*_cpu_s``: with one
     torch thread the work runs in the calling thread, so it counts what the work took, not what the machine's other
@@ -211,7 +215,7 @@ def measure(models: dict, samples: list, repeats: int) -> tuple[list[dict], dict
             t0, c0 = time.perf_counter(), time.thread_time()
             scorer.score(batch)
             t1, c1 = time.perf_counter(), time.thread_time()
-            metrics = updater.update(batch, current_version=0)
+            metrics = updater.update(batch, current_version=version_lag)  # the samples are of version 0
             t2, c2 = time.perf_counter(), time.thread_time()
             scores[v] = torch.tensor([x for s in batch for x in s.teacher_logprobs])
             rows.append({"repeat": repeat, "variant": v.name, "score_s": t1 - t0, "update_s": t2 - t1,
@@ -279,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     models = build(cfg, teacher_dir, student_dir, variants, ctx)
     print(f"{len(samples)} samples, {sum(s.num_tokens for s in samples):,} tokens "
           f"({sum(len(s.response_ids) for s in samples):,} scored); torch threads {threads}", flush=True)
-    rows, scores = measure(models, samples, args.repeats)
+    rows, scores = measure(models, samples, args.repeats, args.version_lag)
     names = [v.name for v in variants]
     summary = summarize(rows, names, args.repeats)
     first = scores[variants[0]]
@@ -293,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": args.config, "overrides": args.overrides, "teacher": teacher_dir, "student": student_dir,
         "samples": len(samples), "tokens": sum(s.num_tokens for s in samples),
         "scored_tokens": sum(len(s.response_ids) for s in samples), "threads": thread_counts(),
-        "repeats": args.repeats, "rows": rows, "summary": summary}, indent=1))
+        "repeats": args.repeats, "version_lag": args.version_lag, "rows": rows, "summary": summary}, indent=1))
     return 0
 
 
