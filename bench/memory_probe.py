@@ -8,9 +8,9 @@ a device: per shape (random init from the published Qwen3 config, no download) a
 and on, a student built as the trainer builds it (``train_step.student``: float32 master weights, checkpointing per
 block, FSDP2 at world size 1 computing in bfloat16), updated on two rows as the trainer packs them: two samples
 in one row of ``--tokens`` (8,192) and one sample of ``--tokens`` / 2 (4,096), each sample ending in a response of
-up to 512 tokens, with each ``--attention`` (flex attention's block mask, and SDPA, which gives a packed row a dense
-mask; flex is not run on the CPU, where torch has no FlexAttention backward). ``--samples 2`` keeps the packed row
-alone.
+up to 512 tokens, with each ``--attention`` (flex attention's block mask, and SDPA, which gives each sample a padded
+row of its own, ``actfirst.train.packing``; flex is not run on the CPU, where torch has no FlexAttention
+backward). ``--samples 2`` keeps the packed row alone.
 
 Each case: the caching allocator emptied, an update (``StudentUpdater.update``: forward, backward, AdamW step) as
 the warm-up (compiles; AdamW's moments exist from then on, as in a run), the peaks reset, a second update measured:
@@ -36,7 +36,7 @@ from train_step import ATTENTION, SHAPES, Meter, set_attention, student
 
 from actfirst.core.files import write_atomically
 from actfirst.core.user_input import check_writable_file, command
-from actfirst.parallel.memory_plan import load_activations, packed_row, student_update_gib
+from actfirst.parallel.memory_plan import load_activations, row_kind, student_update_gib
 
 MiB = 2**20
 RESPONSE_TOKENS = 512
@@ -49,7 +49,7 @@ def predicted_mib(shape: str, tokens: int, samples: int, attention: str, checkpo
     measured, name = load_activations(), f"Qwen3-{shape}"
     if name not in measured:
         return None
-    row = "one" if samples == 1 else packed_row(attention)
+    row = "one" if samples == 1 else row_kind(attention)
     own = student_update_gib(name, tokens=tokens, row=row, checkpointed=checkpointing, ranks=1, measured=measured)
     return own["update"] * 1024
 

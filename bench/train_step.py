@@ -69,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engine-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--sync-bucket-mb", type=int, default=1024)
     parser.add_argument("--attention", default="auto", choices=ATTENTION,
-                        help="student's and teacher's attention (sdpa: a dense mask on packed rows)")
+                        help="student's and teacher's attention (sdpa: padded rows, one per sample)")
     parser.add_argument("--activation-checkpointing", action="store_true", help="recompute each student block")
     parser.add_argument("--checkpoint-dir", default=None, help="save and load the trainer's checkpoint here")
     parser.add_argument("--updates", type=int, default=2)

@@ -487,7 +487,9 @@ class TrainConfig:
     num_minibatches: int = 1
     """Optimizer steps per update: the batch is split into this many mini-batches."""
     micro_batch_tokens: int = 8192
-    """Tokens per forward/backward pass (gradient accumulation over micro-batches)."""
+    """Tokens per forward/backward pass of scoring and the update, padding included (gradient accumulation over
+    micro-batches; ``actfirst.train.packing``). Samples are never split: a longer sample gets a pass of its own, so a
+    pass holds at most max(this, one sample's tokens), and 1 gives every sample its own."""
     pipeline: Literal["serial", "async", "inflight"] = "async"
     """How rollouts and the update share the time (C.3: "rollout collection and student optimization proceed
     asynchronously"; ``actfirst.train.pipeline``). ``serial``: rollouts, then scoring and the update, then the weight
@@ -583,8 +585,6 @@ class TrainConfig:
         # log pi_theta in the update applies the temperature only; vLLM's processed log-probs would include a top-p
         # renormalization, and the ratio of Eq. 30 would compare two different distributions.
         check(self.rollout.top_p == 1.0, "rollout.top_p", self.rollout.top_p, "must be 1.0 for training")
-        check(self.micro_batch_tokens >= need, "micro_batch_tokens", self.micro_batch_tokens,
-               f"must hold one sample (max_prompt_tokens + budget.total = {need})")
         if self.evaluation is not None:
             need = self.rollout.max_prompt_tokens + self.rollout.budget.eval_total
             check(need <= self.student.max_model_len, "student.max_model_len", self.student.max_model_len,

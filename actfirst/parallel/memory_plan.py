@@ -8,10 +8,11 @@
   and holds until the backward (2 V h, bfloat16), one block gathered and the next prefetched (2 x 2 block) with its
   bfloat16 gradient and float32 reduce-scatter buffer (6 block); at the end of the backward the root's own bfloat16
   gradient and its float32 reduce-scatter buffer (6 root) instead of the activations.
-- activations of one micro-batch (``micro_batch_tokens`` = T, packed with several samples): per layer a T + b T^2
-  bytes with a, b measured on the real Hugging Face layers (``bench/activation_probe.py`` ->
-  ``activation_bytes.json`` beside this module), for packed rows through SDPA's dense mask
-  (``parallel.attention: sdpa``) or a block mask (flash-attn varlen or flex attention: the flex measurement). With
+- activations of one micro-batch (``micro_batch_tokens`` = T, or one sample when that is longer, with several
+  samples): per layer a T + b T^2 bytes with a, b measured on the real Hugging Face layers
+  (``bench/activation_probe.py`` -> ``activation_bytes.json`` beside this module), for packed rows through a block
+  mask (flash-attn varlen or flex attention: the flex measurement) or, for ``parallel.attention: sdpa``, whose
+  samples get padded rows of their own (``actfirst.train.packing``), one sample of T tokens (a bound). With
   ``parallel.activation_checkpointing`` every layer keeps its input only and the backward recomputes one layer at a
   time (its full figure once).
 - teacher (its dtype): whole on every rank, or sharded (1/R, plus its root and two blocks gathered); scoring a
@@ -112,10 +113,11 @@ def activation_gib(measured: dict, row: str, tokens: int, layers: int, checkpoin
     return (layers * per_layer(measured[row + "_checkpointed"]) + per_layer(full) + once) / GIB
 
 
-def packed_row(attention: str) -> str:
-    """The measured row kind of a packed micro-batch under ``parallel.attention`` = ``attention``: a dense mask
-    through SDPA, else a block mask (flash-attn varlen or flex attention: ``auto`` on a GPU)."""
-    return "packed_sdpa" if attention == "sdpa" else "packed_flex"
+def row_kind(attention: str) -> str:
+    """The measured row kind that bounds a micro-batch of several samples under ``parallel.attention`` =
+    ``attention``: SDPA's padded rows (``actfirst.train.packing``: one causal sample per row) by one sample of all
+    its tokens, else a packed row's block mask (flash-attn varlen or flex attention: ``auto`` on a GPU)."""
+    return "one" if attention == "sdpa" else "packed_flex"
 
 
 def student_update_gib(student: str, *, tokens: int, row: str, checkpointed: bool, ranks: int,
@@ -140,7 +142,9 @@ def plan(cfg: TrainConfig, student: str, teacher: str, *, gpu_gib: float, ranks:
     _, _, _, kv, hd, _, layers, _, _ = SHAPES[student]
     p, _, _ = params(student)
     tp, tblock, troot = params(teacher)
-    tokens, row = cfg.micro_batch_tokens, packed_row(cfg.parallel.attention)
+    # a sample longer than micro_batch_tokens gets a micro-batch of its own
+    longest = cfg.rollout.max_prompt_tokens + max(cfg.rollout.budget.total, cfg.rollout.budget.fast_action_tokens)
+    tokens, row = max(cfg.micro_batch_tokens, longest), row_kind(cfg.parallel.attention)
     own = student_update_gib(student, tokens=tokens, row=row, checkpointed=cfg.parallel.activation_checkpointing,
                              ranks=ranks, measured=measured)
     shards = own["student_shards"]

@@ -85,7 +85,8 @@ class TeacherTrainer:
 
     def _micro_batches(self, indices: list[int]) -> list[MicroBatch]:
         samples = [self.examples.sample(i) for i in indices]
-        return [mb.to(self.ctx.device) for mb in pad_across_ranks(pack(samples, self.cfg.micro_batch_tokens))]
+        micro_batches = pack(samples, self.cfg.micro_batch_tokens, self.policy.layout)
+        return [mb.to(self.ctx.device) for mb in pad_across_ranks(micro_batches)]
 
     def _nll_sum(self, indices: list[int], scale: float) -> float:
         """This rank's share of ``indices``: forward (and backward, with gradients on) of -sum log p / ``scale``."""

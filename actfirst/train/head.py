@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from actfirst.train.packing import MicroBatch, final_hidden
+from actfirst.train.packing import Layout, MicroBatch, final_hidden, layout_for
 
 HeadOp = Callable[[torch.Tensor, torch.Tensor], Any]
 """``op(hidden [N, H], head weight [V, H])``: what a forward computes from the states that score its tokens."""
@@ -23,9 +23,17 @@ HeadOp = Callable[[torch.Tensor, torch.Tensor], Any]
 class LMHeadModel(nn.Module):
     """Wraps a Hugging Face causal LM (``model.model`` its decoder, ``model.model.layers`` its blocks)."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, layout: Layout | None = None) -> None:
+        """``layout``: how its micro-batches are laid out (None: what the model's attention implementation calls for,
+        ``packing.layout_for``)."""
         super().__init__()
         self.model = model
+        self._layout = layout
+
+    @property
+    def layout(self) -> Layout:
+        """The layout :func:`actfirst.train.packing.pack` gives this model's micro-batches."""
+        return self._layout or layout_for(self.model.config._attn_implementation)
 
     @property
     def blocks(self) -> list[nn.Module]:

@@ -38,7 +38,7 @@ from actfirst.envs.response_format import ACTION_CLOSE, ACTION_OPEN, THINK_CLOSE
 from actfirst.preparation.reference_cache import replay
 from actfirst.rollout.prompts import Mode, Step, build_prompt, render
 from actfirst.rollout.sample import Sample
-from actfirst.train.packing import final_hidden, pack
+from actfirst.train.packing import final_hidden, layout_for, pack
 
 ALL_MODES = (Mode.FULL_RESPONSE, Mode.NEXT_ACTION, Mode.INVERSE_DYNAMICS)
 
@@ -214,9 +214,9 @@ def sft(model: torch.nn.Module, samples: Sequence[Sample], *, epochs: float, lr:
         log: Callable[[str], None] | None = print) -> SFTResult:
     """Cross-entropy on the response tokens of ``samples`` (AdamW, cosine decay to 10%, gradient clip 1.0).
 
-    Each optimizer step takes about ``batch_tokens`` tokens of whole samples (a shuffled slice of the data), packed
-    into rows of at most ``micro_batch_tokens`` (attention in a packed row costs its length squared: short rows
-    are faster); ``epochs`` may be fractional (the last epoch then stops early).
+    Each optimizer step takes about ``batch_tokens`` tokens of whole samples (a shuffled slice of the data), laid
+    out as the model's attention calls for (``packing.layout_for``) in micro-batches of at most ``micro_batch_tokens``
+    tokens; ``epochs`` may be fractional (the last epoch then stops early).
     """
     if not samples:
         raise ValueError("samples=[]: nothing to train on")
@@ -243,7 +243,7 @@ def sft(model: torch.nn.Module, samples: Sequence[Sample], *, epochs: float, lr:
             optimizer.zero_grad(set_to_none=True)
             n_targets = sum(len(s.response_ids) for s in batch)
             loss_sum = 0.0
-            for mb in pack(batch, micro_batch_tokens):
+            for mb in pack(batch, micro_batch_tokens, layout_for(model.config._attn_implementation)):
                 hidden = final_hidden(model, mb)
                 logits = model.lm_head(hidden).float()
                 loss = F.cross_entropy(logits, mb.targets, reduction="sum") / n_targets

@@ -135,7 +135,8 @@ class StudentUpdater:
         return self.params[0].device
 
     def _micro_batches(self, samples: list[Sample]) -> list[MicroBatch]:
-        return [mb.to(self.device) for mb in pad_across_ranks(pack(samples, self.micro_batch_tokens))]
+        micro_batches = pack(samples, self.micro_batch_tokens, self.policy.layout)
+        return [mb.to(self.device) for mb in pad_across_ranks(micro_batches)]
 
     def accumulate_gradients(self, samples: list[Sample], current_version: int,
                              totals: BatchTotals | None = None) -> GradStats:
@@ -153,7 +154,7 @@ class StudentUpdater:
             stats.sft_loss += float(sft)
             stats.num_clipped += round(float(clip_frac) * n_sup)  # the ops return fractions of n_sup
             stats.num_dual_clipped += round(float(dual_frac) * n_sup)
-            stats.num_tokens += mb.num_tokens if mb.samples else 0
+            stats.num_tokens += mb.num_tokens
             stats.mismatch.add(self._mismatch(samples, mb, logp, current_version))
         return stats
 

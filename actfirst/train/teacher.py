@@ -29,7 +29,7 @@ from actfirst.parallel.context import ParallelContext
 from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.rollout.sample import Sample
 from actfirst.train.head import LMHeadModel
-from actfirst.train.packing import attention_implementation, pack, pad_across_ranks
+from actfirst.train.packing import Layout, attention_implementation, pack, pad_across_ranks
 
 
 def _load_tokenizer(tok: str | Path | PreTrainedTokenizerBase) -> tuple[PreTrainedTokenizerBase, str]:
@@ -43,11 +43,12 @@ class TeacherScorer:
 
     def __init__(self, model: torch.nn.Module, *, micro_batch_tokens: int = 8192,
                  device: str | torch.device | None = None, shard: ParallelContext | None = None,
-                 name: str = "teacher", attention: str = "auto") -> None:
+                 name: str = "teacher", attention: str = "auto", layout: Layout | None = None) -> None:
         """``model``: a Hugging Face causal LM (or one on the meta device, which :meth:`load` fills). ``shard``:
         FSDP2-shard it over that context's ranks (every rank must then score together); None: a whole copy on
         ``device`` (default: the GPU when there is one). ``name`` is what errors call it (its directory);
-        ``attention`` is ``parallel.attention`` (packed rows' attention)."""
+        ``attention`` is ``parallel.attention``; ``layout`` how samples share a forward (None: what that attention
+        calls for, ``packing.layout_for``)."""
         if micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens={micro_batch_tokens!r}: must be >= 1")
         self.model_dir = name
@@ -59,7 +60,7 @@ class TeacherScorer:
         model.set_attn_implementation(attention_implementation(attention, self.device, dtype, backward=False))
         model.eval().requires_grad_(False)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
-        self.head = LMHeadModel(model)
+        self.head = LMHeadModel(model, layout)
         self._forward = threading.Lock()
         """Held by :meth:`score` around its forwards: one at a time, whichever thread calls."""
         if shard is not None:
@@ -93,7 +94,7 @@ class TeacherScorer:
                 raise ValueError(f"token id {bad[0]} of sample {i} (task {s.task!r}, turn {s.turn}) is outside the "
                                  f"teacher's vocabulary [0, {self.vocab_size}) ({self.model_dir})")
         samples = [s for s in samples if s.teacher_logprobs is None]  # frozen: a score given once stands
-        micro_batches = pack(samples, self.micro_batch_tokens)
+        micro_batches = pack(samples, self.micro_batch_tokens, self.head.layout)
         with self._forward:
             for mb in pad_across_ranks(micro_batches) if self.sharded else micro_batches:
                 mb = mb.to(self.device)

@@ -34,7 +34,7 @@ def _logits(head, samples):
     """The logits at every supervised position of one packed row (whole weights inside the root's forward)."""
     from actfirst.train.packing import pack
 
-    (mb,) = pack(samples, 10_000)
+    (mb,) = pack(samples, 10_000, head.layout)
     with torch.no_grad():
         return head(mb, lambda hidden, weight: hidden @ weight.T)
 
