@@ -71,8 +71,8 @@ def launch(args: argparse.Namespace) -> int:
     start the ranks (with the models' local paths)."""
     from actfirst.parallel.launch import launch_ranks
     from actfirst.preparation.build import RankFailed, load_run_config, model_overrides, resolve_models
+    from actfirst.train.pipeline import check_layout
     from actfirst.train.stages import prepare, run_rank
-    from actfirst.train.trainer import check_layout
 
     started = time.time()
     nproc = ranks_per_node(args.nproc_per_node)

@@ -460,8 +460,8 @@ class ParallelConfig:
     """On the CPU: the torch threads the teacher's scoring and the student's update run on (in their own thread,
     beside the engine's, whose OpenMP threads vLLM's CPU worker fixes at ``OMP_NUM_THREADS``). null: automatic, this
     rank's share of the cores (``os.sched_getaffinity`` over the node's ranks) less the engine's threads, at least 1,
-    in every pipeline (``actfirst.train.pipeline.update_threads``). Not read on a GPU: the update runs on the device,
-    beside the engine."""
+    in every pipeline (``actfirst.train.update_thread.update_threads``). Not read on a GPU: the update runs on the
+    device, beside the engine."""
 
     def __post_init__(self) -> None:
         check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")

@@ -1,10 +1,12 @@
 """What the user names (files, directories, models, output paths), checked before anything expensive starts, and
-the one place every command turns a user's error into one line.
+the one place every command sets up its logging and turns a user's error into one line.
 
 Every check raises :class:`ConfigError` (also importable from :mod:`actfirst.core.config`) naming the argument (a config
 key such as ``student.model``, or a flag such as ``--checkpoint``), its value and what is wrong. :func:`command` wraps a
-command's ``main``: a ``ConfigError`` becomes one line on stderr and exit status 2; any other exception is a bug and
-keeps its traceback.
+command's ``main``: logging is set up first (``actfirst.core.logs``); a :class:`UserError` (a ``ConfigError``, or a
+problem of the machine such as a simulator that cannot start: ``actfirst.envs.startup.EnvStartError``) becomes one
+line on stderr and its exit status (2 for a refused input, as argparse's own refusals); any other exception is a bug
+and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -18,13 +20,26 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-
-class ConfigError(ValueError):
-    """An input the user gave was refused: a config value, a command-line argument, or a file or directory one of
-    them names. The message names the key or argument and its value (``student.model='x': has no weights``)."""
+from actfirst.core.logs import setup_logging
 
 EXIT_USAGE = 2
 """The exit status of a command refused for its input (argparse's own)."""
+
+
+class UserError(Exception):
+    """What stops a command with one line and no traceback: something the user can fix (an input they gave, their
+    machine's setup), never a bug. Its message says what and where, whole, on one line."""
+
+    exit_status: int = 1
+    """The command's exit status when it stops on this error."""
+
+
+class ConfigError(UserError, ValueError):
+    """An input the user gave was refused: a config value, a command-line argument, or a file or directory one of
+    them names. The message names the key or argument and its value (``student.model='x': has no weights``)."""
+
+    exit_status = EXIT_USAGE
+
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 """Any one of these makes a directory's tokenizer loadable (with ``tokenizer_config.json`` where it has one)."""
@@ -40,17 +55,21 @@ EMBEDDING_NAMES = ("embed_tokens.weight", "lm_head.weight")
 
 
 def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
-    """Wrap a command's ``main(argv) -> status``: a :class:`ConfigError` prints ``<prog>: error: <message>`` on
-    stderr and returns :data:`EXIT_USAGE`; other exceptions propagate with their traceback."""
+    """Wrap a command's ``main(argv) -> status``: logging set up for the console (:func:`setup_logging`), then a
+    :class:`UserError` writes ``<prog>: error: <message>`` on stderr, as argparse's ``parser.error`` does (no log
+    record: a refused command leaves no log file), and returns its ``exit_status`` (:data:`EXIT_USAGE` for a
+    :class:`ConfigError`); other exceptions propagate with their traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> int:
+        setup_logging()
         try:
             return main(argv)
-        except ConfigError as e:
+        except UserError as e:
             message = " ".join(str(e).split())  # one line, whatever the message held
-            print(f"{_prog(main.__module__)}: error: {message}", file=sys.stderr, flush=True)
-            return EXIT_USAGE
+            sys.stderr.write(f"{_prog(main.__module__)}: error: {message}\n")
+            sys.stderr.flush()
+            return e.exit_status
 
     return wrapped
 
