@@ -4,7 +4,10 @@
     python -m actfirst.data search --dest DIR --only questions corpus
     python -m actfirst.data webshop --list            # what it would fetch, and where
 
-Resumable: run it again after an interruption. At the end it says where the data is and what to set in a config.
+Before fetching it says what it fetches, the disk it needs at most and what is free (and refuses when that does
+not fit); resumable: run it again after an interruption. At the end it says where the data is and what to set in a
+config. The downloads go through huggingface_hub (Hub files: ``HF_ENDPOINT``, ``HF_TOKEN``, ``HF_HUB_OFFLINE``),
+gdown (Google Drive) and pooch (other URLs): ``actfirst.preparation.downloads``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from actfirst.core.user_input import ConfigError, check_writable_dir, command
 from actfirst.envs.benchmarks import BENCHMARKS
-from actfirst.preparation.downloads import DownloadError, fetch_data
+from actfirst.preparation.downloads import DownloadError, fetch_data, plan_fetch
 
 EXIT_FAILED = 1
 
@@ -41,14 +44,17 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--only={unknown}: not sources of {args.benchmark} (its sources: {names})")
     if args.list:
         for source in data.sources:
-            print(f"{source.name}: {source.what} ({', '.join(d.url for d in source.downloads)})")
+            print(f"{source.name}: {source.what} ({', '.join(f.where for f in source.files)})")
         print(f"destination: {dest}")
         return 0
     if not data.sources:
         return 0
     check_writable_dir(dest, "--dest")
     try:
-        report = fetch_data(data, dest, args.only)
+        plan = plan_fetch(data, dest, args.only)
+        for line in plan.lines():
+            print(line, flush=True)
+        report = fetch_data(data, dest, args.only, plan=plan)
     except DownloadError as e:
         print(f"python -m actfirst.data: failed: {' '.join(str(e).split())}", file=sys.stderr)
         return EXIT_FAILED

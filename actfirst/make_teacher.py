@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     from actfirst.teacher.sft import check_resumable, finished, load_teacher_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # KEY=VALUE overrides before and after options
     cfg = load_teacher_config(args.config, args.overrides, train_config=args.train_config)
     # a Hub id is downloaded by the launching process only; the ranks read the cache
     base = resolve_model(cfg.base_model, "base_model", download=not launched_as_rank())

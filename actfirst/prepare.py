@@ -15,8 +15,18 @@ import argparse
 import os
 import sys
 
+from actfirst.core.logs import run_log_dir, setup_logging
 from actfirst.core.user_input import ConfigError, add_nproc_argument, command, ranks_per_node
-from actfirst.preparation.build import STAGES, RankFailed, ensure_prepared, load_run_config, resolve_models, run_stage
+from actfirst.parallel.host_memory import check_host_memory, preparation_stage
+from actfirst.preparation.build import (
+    STAGES,
+    RankFailed,
+    ensure_prepared,
+    load_run_config,
+    plays_teacher_rollouts,
+    resolve_models,
+    run_stage,
+)
 
 
 @command
@@ -30,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stage", choices=STAGES, default=None,
                         help="run one rank's share of this stage only (how preparation starts its ranks)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # KEY=VALUE overrides before and after options
     cfg = load_run_config(args.config, args.overrides)
+    setup_logging(run_log_dir(cfg.out_dir))
     if args.stage is not None:
         from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -46,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
                           "torchrun")
     nproc = ranks_per_node(args.nproc_per_node)
     cfg = resolve_models(cfg)  # Hub ids downloaded here, once; the stage ranks get the resolved paths
+    stage = preparation_stage(cfg, nproc) if plays_teacher_rollouts(cfg) else None
+    for line in check_host_memory([stage] if stage is not None else []):
+        print(f"[prepare] {line}", flush=True)
     try:
         timings = ensure_prepared(cfg, nproc)
     except RankFailed as e:

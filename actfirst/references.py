@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--out", required=True, help="cache path (JSONL); metadata goes to <out>.meta.json")
     build.add_argument("--candidates", nargs="*", default=[], help="JSONL files of candidate action sequences")
     build.add_argument("--workers", type=int, default=4, help="environment worker processes")
-    build.add_argument("--config", help="benchmark config (default configs/envs/<benchmark>.yaml)")
+    build.add_argument("--config", help="benchmark config (default actfirst/envs/<benchmark>/<benchmark>.yaml)")
     build.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                        help="config overrides, e.g. games=generated generated_dir=runs/games (ALFWorld)")
     build.add_argument("--task-types", nargs="*",

@@ -21,7 +21,7 @@ from actfirst.core.config import ConfigError, TrainConfig
 from actfirst.core.user_input import check_exists, check_writable_file, command, positive_int
 from actfirst.envs.base import Reference
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
-from actfirst.evaluation.evaluate import emit_report, pick_tasks, served
+from actfirst.evaluation.evaluate import pick_tasks, save_report, served
 from actfirst.evaluation.quality import STRATEGIES, measure_quality, model_len_needed, quality_rollout_config
 from actfirst.evaluation.quality_metrics import QualityReport
 from actfirst.models.hub import resolve_model
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg, benchmark, tasks, references = load_inputs(args)
     report = asyncio.run(_main(args, cfg, benchmark, tasks, references))
     report.meta.update({"checkpoint": str(args.checkpoint), "config": str(args.config)})
-    emit_report(report, args.out)
+    print(save_report(report, args.out), flush=True)
     return 0
 
 

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--per-task", type=int, default=10, help="rollouts per task (C.2: ten)")
     parser.add_argument("--tasks", type=int, default=0, help="N tasks, round-robin over task types (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="base of the sampling seeds")
-    parser.add_argument("--config", help="env config file (default configs/envs/<benchmark>.yaml)")
+    parser.add_argument("--config", help="env config file (default actfirst/envs/<benchmark>/<benchmark>.yaml)")
     parser.add_argument("--max-in-flight", type=positive_int, default=16, help="episodes (and env workers) at once")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                         help="env config overrides (max_turns=...); rollout.*, engine.*, scheduler.* override those "

@@ -1,6 +1,6 @@
 """Bytes autograd keeps per token and decoder layer, measured on the real Hugging Face layers (issue 31).
 
-    python bench/activation_probe.py                         # every shape, writes bench/activation_bytes.json
+    python bench/activation_probe.py                         # every shape, into actfirst/parallel/activation_bytes.json
     python bench/activation_probe.py --shapes Qwen3-1.7B --tokens 256 512 --out /tmp/a.json
 
 Each shape (``SHAPES``: the published Qwen3 0.6B / 1.7B / 4B / 8B and Qwen2.5 1.5B / 3B / 7B configs; two decoder
@@ -28,7 +28,8 @@ Fit, per shape and row kind: bytes(T) = a T + b T^2 per layer by least squares o
 mask's T x T term; it fits to zero elsewhere). ``a`` is compared with the formula the memory plan used before,
 2 (6 h + 4 I + q + 2 kv). The coefficients, with the command, date and machine, go to ``--out`` (JSON, written
 atomically after every shape; a rerun keeps the shapes already there with the same lengths, so an interrupted run
-resumes), which ``bench/memory_plan.py`` reads.
+resumes), by default ``actfirst/parallel/activation_bytes.json``, which the memory plan reads
+(``actfirst.parallel.memory_plan``).
 """
 
 from __future__ import annotations
@@ -49,19 +50,8 @@ import transformers
 from torch.utils.checkpoint import checkpoint
 
 from actfirst.core.files import write_atomically
+from actfirst.parallel.memory_plan import ACTIVATIONS, SHAPES
 
-OUT = Path(__file__).with_name("activation_bytes.json")
-SHAPES = {
-    # architecture, hidden, heads, KV heads, head_dim, intermediate, layers, vocabulary, tied embeddings
-    # (the published config.json files; the probe builds two layers of each, the memory plan counts all)
-    "Qwen3-0.6B": ("qwen3", 1024, 16, 8, 128, 3072, 28, 151936, True),
-    "Qwen3-1.7B": ("qwen3", 2048, 16, 8, 128, 6144, 28, 151936, True),
-    "Qwen3-4B": ("qwen3", 2560, 32, 8, 128, 9728, 36, 151936, True),
-    "Qwen3-8B": ("qwen3", 4096, 32, 8, 128, 12288, 36, 151936, False),
-    "Qwen2.5-1.5B": ("qwen2", 1536, 12, 2, 128, 8960, 28, 151936, True),
-    "Qwen2.5-3B": ("qwen2", 2048, 16, 2, 128, 11008, 36, 151936, True),
-    "Qwen2.5-7B": ("qwen2", 3584, 28, 4, 128, 18944, 28, 152064, False),
-}
 ROWS = {"one": ("sdpa", 1), "packed_sdpa": ("sdpa", 2), "packed_flex": ("flex_attention", 2)}
 
 
@@ -196,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     parser.add_argument("--tokens", type=int, nargs="+", default=[256, 512, 1024])
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=ACTIVATIONS)
     args = parser.parse_args(argv)
     if any(t % 2 or t < 4 for t in args.tokens) or len(set(args.tokens)) < 2:
         sys.exit(f"--tokens={args.tokens}: need at least two distinct even lengths >= 4")

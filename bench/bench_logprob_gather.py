@@ -15,9 +15,12 @@ Each cell runs in this process: a warm-up (compiles, autotuning), then the media
 above the inputs is measured after the warm-up (CUDA ``max_memory_allocated``, gradients included; not measured on the
 CPU). TFLOP/s counts the unfused computation (2NVH forward, 6NVH forward + backward) against a matmul measured in
 the same run. For each (model, N, mode) the summary names the dispatcher's pick (the path it takes at that shape and
-free memory) with the cost model's estimates, and compares our best path and the pick with the faster of Liger and CCE.
+free memory) with the cost model's estimates, and compares our best path and the pick with the faster of Liger and CCE;
+its Markdown row is printed as soon as that cell's providers have run. Times are CUDA events around runs queued
+back to back (``timing.median_time``).
 
     python bench/bench_logprob_gather.py --tokens 1024 16384 65536 --models 0.6B 8B      # GPU
+    python bench/bench_logprob_gather.py --cells 1.7B:1536:fwd_bwd 1.7B:16384:fwd_bwd 8B:16384:fwd   # device check
     python bench/bench_logprob_gather.py --shrunken --tokens 32 64 128                    # CPU dry run (interpreter)
 """
 
@@ -148,34 +151,50 @@ def run_cell(provider: str, n: int, h: int, v: int, mode: str, args) -> dict:
             torch.cuda.empty_cache()
 
 
-def summary(rows: list[dict]) -> str:
-    """Per (model, N, mode): each provider's ms / peak MiB, the dispatcher's pick, and ours against Liger/CCE."""
-    cells: dict[tuple, dict[str, dict]] = {}
-    for r in rows:
-        cells.setdefault((r["model"], r["n"], r["mode"]), {})[r["provider"]] = r
-    providers = [p for p in ("fused", "chunked", "gather", "liger", "cce", "eager") if any(p in c for c in
-                                                                                       cells.values())]
-    lines = ["| model | N | mode | " + " | ".join(f"{p} ms / MiB" for p in providers)
-             + " | pick (est. fused / chunked ms) | pick vs best of Liger, CCE: time, peak |",
-             "|---" * (len(providers) + 5) + "|"]
-    for (model, n, mode), c in cells.items():
-        def cell(p, c=c):
-            r = c.get(p)
-            if r is None or "error" in r:
-                return "-" if r is None else r["error"][:40]
-            peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
-            return f"{r['ms']:.2f} / {peak}"
-        planned = next((r for p in ("fused", "chunked") if "pick" in (r := c.get(p, {}))), None)
-        pick = "-" if planned is None else (f"{planned['pick']} ({planned['estimate_ms']['fused']:.3g} / "
-                                            f"{planned['estimate_ms']['chunked']:.3g})")
-        theirs = [c[p] for p in ("liger", "cce") if p in c and "ms" in c[p]]
-        ratio = "-"
-        if planned is not None and theirs and "ms" in c.get(planned["pick"], {}):
-            mine, best = c[planned["pick"]], min(theirs, key=lambda r: r["ms"])
-            peak = "-" if mine["peak_mib"] is None else f"{mine['peak_mib'] / max(best['peak_mib'], 1e-9):.2f}x"
-            ratio = f"{mine['ms'] / best['ms']:.2f}x, {peak}"
-        lines.append(f"| {model} | {n} | {mode} | " + " | ".join(cell(p) for p in providers) + f" | {pick} | {ratio} |")
-    return "\n".join(lines)
+SUMMARY_PROVIDERS = ("fused", "chunked", "gather", "liger", "cce", "eager")
+
+
+def summary_header(providers: list[str]) -> str:
+    """The summary table's header: one column per provider that runs (see :func:`summary_row`)."""
+    shown = [p for p in SUMMARY_PROVIDERS if p in providers]
+    return "\n".join(["| model | N | mode | " + " | ".join(f"{p} ms / MiB" for p in shown)
+                      + " | pick (est. fused / chunked ms) | pick vs best of Liger, CCE: time, peak |",
+                      "|---" * (len(shown) + 5) + "|"])
+
+
+def summary_row(providers: list[str], rows: list[dict]) -> str:
+    """One (model, N, mode) of :func:`summary_header`'s table, from its cells' ``rows``: each provider's ms / peak MiB,
+    the dispatcher's pick, and the pick against the faster of Liger and CCE."""
+    c = {r["provider"]: r for r in rows}
+    model, n, mode = rows[0]["model"], rows[0]["n"], rows[0]["mode"]
+
+    def cell(p):
+        r = c.get(p)
+        if r is None or "error" in r:
+            return "-" if r is None else r["error"][:40]
+        peak = "-" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+        return f"{r['ms']:.2f} / {peak}"
+
+    planned = next((r for p in ("fused", "chunked") if "pick" in (r := c.get(p, {}))), None)
+    pick = "-" if planned is None else (f"{planned['pick']} ({planned['estimate_ms']['fused']:.3g} / "
+                                        f"{planned['estimate_ms']['chunked']:.3g})")
+    theirs = [c[p] for p in ("liger", "cce") if p in c and "ms" in c[p]]
+    ratio = "-"
+    if planned is not None and theirs and "ms" in c.get(planned["pick"], {}):
+        mine, best = c[planned["pick"]], min(theirs, key=lambda r: r["ms"])
+        peak = "-" if mine["peak_mib"] is None else f"{mine['peak_mib'] / max(best['peak_mib'], 1e-9):.2f}x"
+        ratio = f"{mine['ms'] / best['ms']:.2f}x, {peak}"
+    shown = [p for p in SUMMARY_PROVIDERS if p in providers]
+    return f"| {model} | {n} | {mode} | " + " | ".join(cell(p) for p in shown) + f" | {pick} | {ratio} |"
+
+
+def parse_cell(text: str) -> tuple[str, int, str]:
+    """``MODEL:N:MODE`` (``1.7B:16384:fwd_bwd``) as (model, N, mode); ValueError naming what is wrong."""
+    parts = text.split(":")
+    if len(parts) != 3 or parts[0] not in QWEN3_H or parts[2] not in ("fwd", "fwd_bwd") or not parts[1].isdigit():
+        raise ValueError(f"--cells {text!r}: must be MODEL:N:MODE with MODEL one of {list(QWEN3_H)}, N tokens and "
+                         "MODE fwd or fwd_bwd")
+    return parts[0], int(parts[1]), parts[2]
 
 
 @command
@@ -187,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["0.6B", "8B"], choices=list(QWEN3_H))
     parser.add_argument("--providers", nargs="+", default=["fused", "chunked", "gather", "liger", "cce", "eager"])
     parser.add_argument("--modes", nargs="+", default=["fwd", "fwd_bwd"])
+    parser.add_argument("--cells", nargs="+", default=None, metavar="MODEL:N:MODE",
+                        help="these (model, N, mode) only, in this order (default: --models x --tokens x --modes)")
     parser.add_argument("--eager-max-tokens", type=int, default=1024, help="skip eager above this N")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--shrunken", action="store_true", help=f"V = {SHRUNKEN_V}, H / {SHRUNKEN_H_DIVISOR}")
@@ -200,27 +221,34 @@ def main(argv: list[str] | None = None) -> int:
         providers.remove(provider)
     ceiling = matmul_ceiling(args.device, getattr(torch, args.dtype))
     print(f"matmul ceiling on this machine: {ceiling:.2f} TFLOP/s ({args.dtype}, {args.device})", flush=True)
+    try:
+        cells = ([parse_cell(c) for c in args.cells] if args.cells else
+                 [(m, n, mode) for m in args.models for n in args.tokens for mode in args.modes])
+    except ValueError as error:
+        parser.error(str(error))
     v = SHRUNKEN_V if args.shrunken else QWEN3_V
     out, rows = Path(args.out), []
     out.parent.mkdir(parents=True, exist_ok=True)
-    for model in args.models:
+    print(summary_header(providers), flush=True)
+    for model, n, mode in cells:
         h = QWEN3_H[model] // (SHRUNKEN_H_DIVISOR if args.shrunken else 1)
-        for n in args.tokens:
-            for mode in args.modes:
-                for provider in providers:
-                    if (provider == "eager" and n > args.eager_max_tokens) or (provider == "gather" and mode == "fwd"):
-                        continue
-                    row = run_cell(provider, n, h, v, mode, args)
-                    row.update(model=model, pct_of_matmul=100 * row.get("tflops", 0.0) / ceiling)
-                    rows.append(row)
-                    # after every cell: a run stopped by a timeout keeps what it measured
-                    out.write_text(json.dumps({"device": args.device, "dtype": args.dtype, "matmul_tflops": ceiling,
-                                               "shrunken": args.shrunken, "rows": rows}, indent=2))
-                    print(f"  {model:4s} N={n:6d} {mode:7s} {provider:8s} " + (row.get("error") or (
-                        f"{row['ms']:9.2f} ms {row['peak_mib'] or 0:9.1f} MiB {row['tflops']:7.2f} TFLOP/s "
-                        f"({row['pct_of_matmul']:.0f}% of matmul)" + (f" path {row['path']}, pick {row['pick']}"
-                                                                       if "pick" in row else ""))), flush=True)
-    print(summary(rows))
+        done = []
+        for provider in providers:
+            if (provider == "eager" and n > args.eager_max_tokens) or (provider == "gather" and mode == "fwd"):
+                continue
+            row = run_cell(provider, n, h, v, mode, args)
+            row.update(model=model, n=n, mode=mode, pct_of_matmul=100 * row.get("tflops", 0.0) / ceiling)
+            rows.append(row)
+            done.append(row)
+            # after every cell: a run stopped by a timeout keeps what it measured
+            out.write_text(json.dumps({"device": args.device, "dtype": args.dtype, "matmul_tflops": ceiling,
+                                       "shrunken": args.shrunken, "rows": rows}, indent=2))
+            print(f"  {model:4s} N={n:6d} {mode:7s} {provider:8s} " + (row.get("error") or (
+                f"{row['ms']:9.2f} ms {row['peak_mib'] or 0:9.1f} MiB {row['tflops']:7.2f} TFLOP/s "
+                f"({row['pct_of_matmul']:.0f}% of matmul)" + (f" path {row['path']}, pick {row['pick']}"
+                                                               if "pick" in row else ""))), flush=True)
+        if done:
+            print(summary_row(providers, done), flush=True)  # the table's row for this cell, as it ends
     print(f"wrote {out}")
     failed = [r for r in rows if r["provider"] in OURS and "error" in r and r["error"] != "out of memory"]
     if failed:

@@ -4,7 +4,10 @@ Bytes moved: the op must read logp, logp_old, logp_teacher and the mask (fp32) a
 write the gradient (fp32): 28 bytes a token, the count that GB/s and "% of copy" use, against a copy bandwidth
 measured in the same run. The Triton path moves 40 (a first pass sums the mask per sample: mask and indices read
 twice); its backward hands the gradient over without a pass when the upstream gradient is 1. Each call starts with
-``logp.grad = None``, so that accumulating into an old gradient is not timed.
+``logp.grad = None``, so that accumulating into an old gradient is not timed. On CUDA a run's time is the GPU's
+between CUDA events, the runs queued back to back (``timing.median_time``): timed from the host with a sync after
+each, every provider took about 1 ms at 1M and 8M tokens alike (bench/RESULTS.md, 2026-12-04), the launch and sync
+cost rather than the kernels. One Markdown row per (N, provider) is printed as it is measured.
 
     python bench/bench_ppo_loss.py [--tokens 1048576 8388608 33554432]
     python bench/bench_ppo_loss.py --tokens 4096 20000 --reps 2     # CPU dry run (TRITON_INTERPRET=1)
@@ -71,7 +74,10 @@ def main(argv: list[str] | None = None) -> int:
     check_writable_file(args.out, "--out")
     dev = args.device
     ceiling = copy_bandwidth(dev)
-    print(f"copy bandwidth on this machine: {ceiling:.1f} GB/s ({dev}); {BYTES_PER_TOKEN} bytes a token", flush=True)
+    timed = "CUDA events" if dev == "cuda" else "wall time"
+    print(f"> the PPO token loss, forward + backward (median of {args.reps} runs, {timed}); {BYTES_PER_TOKEN} bytes a "
+          f"token; a device copy here: {ceiling:.1f} GB/s ({dev})", flush=True)
+    print("| N | provider | ms | GB/s (of copy) | copy bound ms |\n|---:|---|---:|---|---:|", flush=True)
     rows = []
     for n in args.tokens:
         inputs = make(n, dev, num_samples=max(1, n // 512))
@@ -83,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
             gbps = BYTES_PER_TOKEN * n / seconds / 1e9
             rows.append({"provider": name, "n": n, "ms": seconds * 1e3, "gb_per_s": gbps,
                          "pct_of_copy_bandwidth": 100 * gbps / ceiling})
-            print(f"  N={n:8d} {name:8s} {seconds * 1e3:8.3f} ms {gbps:7.1f} GB/s ({100 * gbps / ceiling:.0f}% of "
-                  f"copy; the copy bound is {BYTES_PER_TOKEN * n / ceiling / 1e6:.3f} ms)", flush=True)
+            print(f"| {n:,} | {name} | {seconds * 1e3:.3f} | {gbps:.1f} ({100 * gbps / ceiling:.0f}%) | "
+                  f"{BYTES_PER_TOKEN * n / ceiling / 1e6:.3f} |", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": dev, "copy_gb_per_s": ceiling, "bytes_per_token": BYTES_PER_TOKEN,

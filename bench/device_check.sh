@@ -1,91 +1,96 @@
 #!/usr/bin/env bash
-# The one prepared GPU check for a 15-minute loan of one H200 (torch 2.11, Triton 3.6, transformers 5.17, no vLLM,
-# no internet): one call under 8 minutes. Per-step timeouts, in order (seconds; 465 in all, the 8-minute limit 480):
-#   nvidia-smi 5 + carried wheels 10 + the package 25 + versions 15                     55   (setup)
-#   (a) kernel tests, compiled on the GPU (they fill Triton's cache for what follows)   75
-#   (c)+(d) trainer step: random-init Qwen3-1.7B student (FSDP2, world 1, bf16 over fp32 master weights, flex
-#       attention, activation checkpointing) and Qwen3-8B teacher (bf16), 64 responses, 2 updates: seconds and
-#       allocated / reserved peaks per phase (teacher scoring, student forward+backward, AdamW step, the weight
-#       sync's gather, gathered_parameters); then the trainer's checkpoint (AdamW's sharded state by DCP + the
-#       full student as safetensors) saved and loaded back, seconds and bytes (bench/train_step.py)          150
-#   (b) activation probe: random-init Qwen3 1.7B and 4B, FSDP2 at world size 1, a two-sample 8,192-token row and
-#       a one-sample 4,096-token row, SDPA against flex attention, checkpointing off and on: allocated and
-#       reserved peaks against the memory plan (bench/memory_probe.py)                                        110
-#   kernel benchmarks, shrunk to fit: the LM head's gradient error (8B head, N = 16,384) 15; the head ops at the
-#       8B head, N = 16,384 only, against Liger and CCE, 3 reps (was 0.6B and 8B at three N, 5 reps: 240 s) 45;
-#       the PPO token loss at 1M and 8M tokens, 10 reps (was 33.5M too, 20 reps) 15                          75
-# Each step's log goes to $OUT/<step>.log; its result rows (its Markdown tables, else its last lines) are appended to
-# $OUT/RESULTS-fragment.md, headed by the date, the machine and the versions, ready for bench/RESULTS.md. A step
-# that fails or times out is recorded with its exit status, and the next one runs.
-#   GPU:           bash bench/device_check.sh                           (run tool: carry [.whl] for Liger and CCE)
+# The one prepared GPU check for a 15-minute loan of one H200 (torch, Triton, transformers; no vLLM, no internet):
+# one call of at most 8 minutes (the timeouts below add up to 480 s) whose finished steps come back:
+# - $OUT holds 7 files (the run tool returns 8 at most): RESULTS-fragment.md, device_check.log (every step's whole
+#   output) and the JSON of five steps;
+# - each step writes its section of the fragment as it runs: its header when it starts, each result row the moment
+#   the step prints it (Markdown tables and their "> " captions, pytest's summary), its exit status when it ends.
+#   A step killed by its timeout, or the whole call killed, leaves the rows of what finished.
+# Steps in issue 45's order, timeouts (s) fitted to the H200 run of 2026-12-04 (bench/RESULTS.md) with margin:
+#   setup: nvidia-smi 5, carried wheels 10, the package 25, versions 10                                         50
+#   kernel_tests: tests/kernels compiled on the GPU (55 s measured); they fill Triton's cache for what follows     75
+#   colocated_fit: the 80 GB fit through the trainer's loading path, beside a ballast of vLLM's share, two
+#     updates and the bucketed gather, each phase's peaks against the plan (bench/colocated_fit.py; the trainer
+#     step measured 59 s + 21 s for two updates of 64 responses; 16 here, rows of exactly 8,192 tokens, so flex
+#     attention compiles once)                                                                                 130
+#   stream_interference: a CUDA-graph decode step alone, beside an update on one stream, and on two
+#     (bench/stream_interference.py: three 3 s windows after one warm-up update)                                60
+#   head_ops: the 1.7B head forward+backward at 1,536 and 16,384 tokens, the 8B head forward at 16,384, ours
+#     against Liger and CCE (bench/bench_logprob_gather.py; 41 s measured for 9 larger cells)                   50
+#   ppo_loss: the PPO token loss at 1M and 8M tokens, eager and fused, timed by CUDA events (under 20 s
+#     measured; torch.compile's provider dropped: its compile alone filled the old 15 s)                        20
+#   memory_probe: 1.7B, an 8,192-token row of two samples, flex attention and SDPA, checkpointing on then off
+#     (bench/memory_probe.py; 1.7B cases 10-60 s measured, flex's first 61 s of compiling, here mostly cached
+#     by the colocated step's same-shaped rows); last, and each case's row printed as it ends                   95
+#   GPU:           bash bench/device_check.sh                      (run tool: carry [.whl] for Liger and CCE)
 #   CPU dry run:   SHRUNKEN=1 PYTHON=.venv/bin/python bash bench/device_check.sh   (tests/test_device_check.py)
 # SHRUNKEN=1 runs every step on tiny shapes on the CPU (the kernel steps under the Triton interpreter, gloo for
-# FSDP2, two kernel test files instead of all), without the setup steps, so that the script and everything it calls
-# run end to end without a GPU (each step's timeout is then 300 s); its times and memory are not measurements, and
-# its fragment says so.
-# Liger and Cut Cross-Entropy are benchmarked when installed; the device machine cannot download, so carry their
-# pure-Python wheels in .whl/ (python3 -m pip download --no-deps -d .whl liger-kernel cut-cross-entropy).
+# FSDP2, two kernel test files instead of all), without the setup, each step under 300 s: the script and
+# everything it calls run end to end without a GPU; its times and memory are not measurements, and its fragment
+# says so. Liger and Cut Cross-Entropy are benchmarked when installed; the device machine cannot download, so
+# carry their pure-Python wheels in .whl/ (python3 -m pip download --no-deps -d .whl liger-kernel cut-cross-entropy).
 set -uo pipefail
 OUT=${OUT:-runs/device}
 PY=${PYTHON:-python3}
 FRAGMENT="$OUT/RESULTS-fragment.md"
-CKPT=$(mktemp -d)  # the checkpoint (about 21 GB for 1.7B) stays off $OUT, which is copied back
-trap 'rm -rf "$CKPT"' EXIT
+LOG="$OUT/device_check.log"
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 TRITON_PRINT_AUTOTUNING=1 TRITON_CACHE_AUTOTUNING=1
+: >"$LOG"
+export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1
 
-# step NAME TIMEOUT_S COMMAND...: run COMMAND under the timeout (the dry run: 300 s, a loaded CPU's imports alone
-# can take 20 s), log it, append its rows to the fragment.
+# rows PATTERN: the result lines of a step's output as they come (tables, "> " captions, lines matching PATTERN),
+# a blank line before each caption and wherever a table starts or ends.
+rows() {
+  awk -v extra="$1" '
+    /^(\||> )/ || (extra != "" && $0 ~ extra) {
+      table = ($0 ~ /^\|/)
+      if (NR_SHOWN && ($0 ~ /^> / || table != last_table)) print ""
+      print; fflush()
+      NR_SHOWN = 1; last_table = table
+    }'
+}
+
+# step NAME TIMEOUT_S PATTERN COMMAND...: run COMMAND under the timeout (the dry run: 300 s); its whole output to
+# the log, its rows to the fragment (and stdout) as they come, then its exit status.
 step() {
-  local name=$1 limit=$2 start=$SECONDS rc
-  shift 2
+  local name=$1 limit=$2 pattern=$3 start=$SECONDS rc
+  shift 3
   [[ "${SHRUNKEN:-0}" == 1 ]] && limit=300
-  echo "== $name (at most $limit s)"
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  rc=$?
-  tail -n 8 "$OUT/$name.log"
-  {
-    printf '\n### %s\n\n`%s`: exit %s after %s s (timeout %s s)\n\n' "$name" "$*" "$rc" "$((SECONDS - start))" "$limit"
-    if grep -q '^|' "$OUT/$name.log"; then  # its tables and their captions ("> "), a blank line before each
-      grep -E '^(\||> )' "$OUT/$name.log" | awk '{line[NR] = $0}
-        END {for (i = 1; i <= NR; i++) {
-          if (i > 1 && (line[i] ~ /^> / || line[i + 1] ~ /^\|---/)) print ""
-          print line[i]}}'
-    else
-      printf '```\n%s\n```\n' "$(tail -n 3 "$OUT/$name.log")"
-    fi
-  } >>"$FRAGMENT"
+  printf '\n### %s\n\n`%s` (timeout %s s)\n\n' "$name" "$*" "$limit" | tee -a "$FRAGMENT"
+  printf '\n===== %s: %s\n' "$name" "$*" >>"$LOG"
+  timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$LOG" | rows "$pattern" | tee -a "$FRAGMENT"
+  rc=${PIPESTATUS[0]}
+  printf '\n`%s`: exit %s after %s s%s\n' "$name" "$rc" "$((SECONDS - start))" \
+    "$( ((rc == 124 || rc == 137)) && echo ' (its timeout)')" | tee -a "$FRAGMENT"
 }
 
 if [[ "${SHRUNKEN:-0}" == 1 ]]; then
   KERNEL_ENV=(env TRITON_INTERPRET=1)
   KERNEL_TESTS=(tests/kernels/test_paths.py tests/kernels/test_ppo_loss.py)
-  TRAIN_ARGS=(--student tiny --teacher small --responses 8 --response-tokens 64 --context-tokens 256
-              --micro-batch-tokens 2048 --compute-dtype float32 --teacher-dtype float32 --attention sdpa)
+  COLOCATED_ARGS=(--shrunken --responses 4)
+  STREAM_ARGS=(--shrunken --window-s 1 --sequences 4 --context 128 --update-tokens 256)
+  HEAD_ARGS=(--shrunken --cells 1.7B:16:fwd_bwd 1.7B:32:fwd_bwd 8B:32:fwd --reps 1)
+  PPO_ARGS=(--tokens 5000 --backend triton --reps 2)
   PROBE_ARGS=(--shapes tiny --tokens 512)
-  GRAD_ARGS=(--shrunken --tokens 512 --chunks 64 --models 8B)
-  HEAD_ARGS=(--shrunken --tokens 16 --models 0.6B --reps 1)
-  PPO_ARGS=(--tokens 5000 --providers eager fused --backend triton --reps 2)
   MACHINE="shrunken dry run on the CPU ($(getconf _NPROCESSORS_ONLN) cores; tiny shapes, Triton interpreter, gloo):"
   MACHINE+=" NOT measurements"
 else
   KERNEL_ENV=(env)
   KERNEL_TESTS=(tests/kernels --ignore tests/kernels/test_compile_check.py)  # the compile check is CI's (CPU)
-  TRAIN_ARGS=(--student 1.7B --teacher 8B --compute-dtype bfloat16 --teacher-dtype bfloat16
-              --attention flex_attention --activation-checkpointing)
-  PROBE_ARGS=(--shapes 1.7B 4B --tokens 8192)
-  GRAD_ARGS=(--tokens 16384 --models 8B)
-  HEAD_ARGS=(--tokens 16384 --models 8B --reps 3)
+  COLOCATED_ARGS=()
+  STREAM_ARGS=()
+  HEAD_ARGS=(--cells 1.7B:1536:fwd_bwd 1.7B:16384:fwd_bwd 8B:16384:fwd --reps 3)
   PPO_ARGS=(--tokens 1048576 8388608 --reps 10)
+  PROBE_ARGS=(--shapes 1.7B --tokens 8192)
   MACHINE=$(timeout 5 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | head -1)
   if compgen -G ".whl/*.whl" >/dev/null; then
     timeout 10 "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-      && export PYTHONPATH=/tmp/site
+      && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
   # The package without the native CPU ops (not needed on the GPU); kernels/ becomes actfirst.kernels.
   ACTFIRST_NO_NATIVE=1 timeout 25 "$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 fi
-LIMIT=15 && [[ "${SHRUNKEN:-0}" == 1 ]] && LIMIT=300
+LIMIT=10 && [[ "${SHRUNKEN:-0}" == 1 ]] && LIMIT=300
 VERSIONS=$(timeout "$LIMIT" "$PY" -c "import torch, triton, transformers as t
 print('torch', torch.__version__, '/ triton', triton.__version__, '/ transformers', t.__version__)")
 {
@@ -94,13 +99,14 @@ print('torch', torch.__version__, '/ triton', triton.__version__, '/ transformer
     "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 } | tee "$FRAGMENT"
 
-step kernel_tests 75 "${KERNEL_ENV[@]}" "$PY" -m pytest -q -p no:cacheprovider "${KERNEL_TESTS[@]}"
-step train_step 150 "$PY" bench/train_step.py "${TRAIN_ARGS[@]}" --updates 2 --nproc-per-node 1 \
-  --checkpoint-dir "$CKPT" --out "$OUT/train_step.json"
-step memory_probe 110 "$PY" bench/memory_probe.py "${PROBE_ARGS[@]}" --out "$OUT/memory_probe.json"
-step head_grad_error 15 "${KERNEL_ENV[@]}" "$PY" bench/head_grad_error.py "${GRAD_ARGS[@]}" \
-  --out "$OUT/head_grad_error.json"
-step logprob_gather 45 "${KERNEL_ENV[@]}" "$PY" bench/bench_logprob_gather.py "${HEAD_ARGS[@]}" \
-  --providers fused chunked gather liger cce --out "$OUT/logprob_gather.json"
-step ppo_loss 15 "${KERNEL_ENV[@]}" "$PY" bench/bench_ppo_loss.py "${PPO_ARGS[@]}" --out "$OUT/ppo_loss.json"
+step kernel_tests 75 '^[0-9]+ (passed|failed)|^(FAILED|ERROR) ' \
+  "${KERNEL_ENV[@]}" "$PY" -m pytest -q -p no:cacheprovider "${KERNEL_TESTS[@]}"
+step colocated_fit 130 '' "$PY" bench/colocated_fit.py "${COLOCATED_ARGS[@]}" --out "$OUT/colocated_fit.json"
+step stream_interference 60 '' "$PY" bench/stream_interference.py "${STREAM_ARGS[@]}" \
+  --out "$OUT/stream_interference.json"
+step head_ops 50 '' "${KERNEL_ENV[@]}" "$PY" bench/bench_logprob_gather.py "${HEAD_ARGS[@]}" \
+  --providers fused chunked gather liger cce --out "$OUT/head_ops.json"
+step ppo_loss 20 '' "${KERNEL_ENV[@]}" "$PY" bench/bench_ppo_loss.py "${PPO_ARGS[@]}" --providers eager fused \
+  --out "$OUT/ppo_loss.json"
+step memory_probe 95 '' "$PY" bench/memory_probe.py "${PROBE_ARGS[@]}" --samples 2 --out "$OUT/memory_probe.json"
 echo "wrote $FRAGMENT"

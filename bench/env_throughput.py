@@ -6,9 +6,9 @@ Each worker plays episodes of uniformly random admissible actions (up to the con
 training task: the first ``--per-type`` of each task type), driven from one asyncio loop as the rollout drives
 them. Reported per benchmark and worker count: steps/s (resets excluded from the count, not from the time), resets,
 median step and reset latency as the driver sees them, and the resident memory of each worker with what it started
-(its JVM). Each benchmark runs its configs/envs/<name>.yaml with ``--set <name>.<key>=<value>`` overrides; ALFWorld
-plays generated games by default (``alfworld.games=generated``, generated on first use; ``alfworld.games=real`` for
-the official ones).
+(its JVM). Each benchmark runs its default config (``<name>.yaml`` in its package) with ``--set <name>.<key>=<value>``
+overrides; ALFWorld plays generated games by default (``alfworld.games=generated``, generated on first use;
+``alfworld.games=real`` for the official ones).
 """
 
 from __future__ import annotations

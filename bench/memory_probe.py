@@ -8,8 +8,9 @@ a device: per shape (random init from the published Qwen3 config, no download) a
 and on, a student built as the trainer builds it (``train_step.student``: float32 master weights, checkpointing per
 block, FSDP2 at world size 1 computing in bfloat16), updated on two rows as the trainer packs them: two samples
 in one row of ``--tokens`` (8,192) and one sample of ``--tokens`` / 2 (4,096), each sample ending in a response of
-up to 512 tokens, with each ``--attention`` (SDPA, which gives a packed row a dense mask, and flex attention's
-block mask; flex is not run on the CPU, where torch has no FlexAttention backward).
+up to 512 tokens, with each ``--attention`` (flex attention's block mask, and SDPA, which gives a packed row a dense
+mask; flex is not run on the CPU, where torch has no FlexAttention backward). ``--samples 2`` keeps the packed row
+alone.
 
 Each case: the caching allocator emptied, an update (``StudentUpdater.update``: forward, backward, AdamW step) as
 the warm-up (compiles; AdamW's moments exist from then on, as in a run), the peaks reset, a second update measured:
@@ -31,11 +32,11 @@ import time
 from pathlib import Path
 
 import torch
-from memory_plan import load_activations, packed_row, student_update_gib
 from train_step import ATTENTION, SHAPES, Meter, set_attention, student
 
 from actfirst.core.files import write_atomically
 from actfirst.core.user_input import check_writable_file, command
+from actfirst.parallel.memory_plan import load_activations, packed_row, student_update_gib
 
 MiB = 2**20
 RESPONSE_TOKENS = 512
@@ -43,8 +44,8 @@ RESPONSE_TOKENS = 512
 
 def predicted_mib(shape: str, tokens: int, samples: int, attention: str, checkpointing: bool) -> float | None:
     """The memory plan's update phase of the student alone for one row of ``tokens`` at one rank (its shards, the
-    update's transients and the measured activations: ``memory_plan.student_update_gib``), in MiB; None for a shape
-    the plan has not measured (the dry run's tiny one)."""
+    update's transients and the measured activations: ``actfirst.parallel.memory_plan.student_update_gib``), in MiB;
+    None for a shape the plan has not measured (the dry run's tiny one)."""
     measured, name = load_activations(), f"Qwen3-{shape}"
     if name not in measured:
         return None
@@ -91,9 +92,10 @@ def run_case(updater: object, meter: Meter, samples: list) -> dict:
 
 
 def cases(args: argparse.Namespace) -> list[tuple[str, bool, int, str]]:
-    """(shape, checkpointing, samples in the row, attention) in run order: a shape's checkpointing off, then on."""
-    return [(shape, ckpt, samples, attention) for shape in args.shapes for ckpt in (False, True)
-            for samples in (2, 1) for attention in args.attention]
+    """(shape, checkpointing, samples in the row, attention) in run order: a shape's checkpointing on (the shipped
+    configs' setting: first, should a timeout cut the run short), then off."""
+    return [(shape, ckpt, samples, attention) for shape in args.shapes for ckpt in (True, False)
+            for samples in args.samples for attention in args.attention]
 
 
 def markdown_row(c: dict) -> str:
@@ -162,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["1.7B", "4B"], choices=sorted(SHAPES))
     parser.add_argument("--tokens", type=int, default=8192, help="the two-sample row; the one-sample row is half")
-    parser.add_argument("--attention", nargs="+", default=["sdpa", "flex_attention"], choices=ATTENTION)
+    parser.add_argument("--attention", nargs="+", default=["flex_attention", "sdpa"], choices=ATTENTION)
+    parser.add_argument("--samples", type=int, nargs="+", default=[2, 1], choices=[1, 2],
+                        help="rows of two samples of --tokens / 2 and of one sample of --tokens / 2")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/memory_probe.json")
     args = parser.parse_args(argv)

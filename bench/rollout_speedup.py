@@ -12,7 +12,7 @@ Eq. 25-26, a throughput bound (ActFirst's tokens over the best decode rate of a 
 same run) and a step model (the same schedule replayed with the sweep's measured step times). On a CPU decode
 throughput levels off at 64-128 sequences, so overlap is not free and the last two are the ones that bind.
 
-    python bench/rollout_speedup.py --config configs/rollout_speedup_cpu.yaml [key=value ...]
+    python bench/rollout_speedup.py --config bench/configs/rollout_speedup_cpu.yaml [key=value ...]
 
 Writes ``results.json``, ``measurements.jsonl``, ``table.md`` and ``speedup.png`` to ``out_dir``.
 """
@@ -33,9 +33,10 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch and vLLM start their thread pools
 
 from rollout_model import estimates  # noqa: E402
+from rollout_speedup_config import RolloutSpeedupConfig  # noqa: E402
 from speedup_contexts import alfworld_contexts  # noqa: E402
 
-from actfirst.core.config import ModelConfig, RolloutSpeedupConfig, SchedulerConfig  # noqa: E402
+from actfirst.core.config import ModelConfig, SchedulerConfig  # noqa: E402
 from actfirst.core.schema import load_config, paths_unchecked, to_dict  # noqa: E402
 from actfirst.core.user_input import check_writable_dir, command  # noqa: E402
 from actfirst.engine.core import ActFirstEngine, summarize_records  # noqa: E402
@@ -342,7 +343,7 @@ def plot(results: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Measure (or, with ``--report``, only re-report); returns the exit status."""
     parser = argparse.ArgumentParser(description="ActFirst rollout-speedup benchmark (paper Fig. 3a/b)")
-    parser.add_argument("--config", default=str(Path(__file__).parents[1] / "configs" / "rollout_speedup_cpu.yaml"))
+    parser.add_argument("--config", default=str(Path(__file__).parent / "configs" / "rollout_speedup_cpu.yaml"))
     parser.add_argument("--model-config", default=None,
                         help="ModelConfig YAML: build this model at engine.model first if that directory is missing")
     parser.add_argument("--report", default=None, metavar="DIR",

@@ -14,7 +14,8 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from actfirst.core.config import RolloutSpeedupConfig
+from rollout_speedup_config import RolloutSpeedupConfig
+
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.rollout.prompts import Mode, build_prompt

@@ -15,7 +15,6 @@ from PIL import Image
 from actfirst.compare import main, parse_args
 from actfirst.comparison.runs import run_order
 from actfirst.comparison.tables import (
-    BOOTSTRAP_RESAMPLES,
     CHECKPOINT_EVALS,
     COMPARISON_SIZE,
     FINISHED,
@@ -27,19 +26,17 @@ from actfirst.comparison.tables import (
     comparison_table,
     fixed_threshold,
     mean_curve,
-    paired_ratio,
     plot_comparison,
     run_row,
     run_state,
-    speedup_interval,
     sr_error_bars,
-    t_quantile,
     time_to_threshold,
     write_comparison,
 )
 from actfirst.core.config import ConfigError
 from actfirst.core.schema import config_json
-from actfirst.evaluation.report import EpisodeRecord, EvalReport, wilson_interval
+from actfirst.evaluation.report import EpisodeRecord, EvalReport
+from actfirst.evaluation.stats import BOOTSTRAP_RESAMPLES, paired_ratio, speedup_interval, t_quantile, wilson_interval
 from actfirst.rollout.strategies import STRATEGIES
 from actfirst.train.plots import DPI, WALL_CLOCK
 

@@ -2,12 +2,16 @@
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
-from actfirst.core.config import ConfigError, RolloutSpeedupConfig, SchedulerConfig, TrainConfig, check_resumable
+from actfirst.core.config import ConfigError, SchedulerConfig, TrainConfig, check_resumable
 from actfirst.core.schema import config_json, load_config, paths_unchecked
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from rollout_speedup_config import RolloutSpeedupConfig  # noqa: E402
 
 CONFIGS = Path(__file__).parents[1] / "configs"
 
@@ -66,7 +70,7 @@ def test_direct_construction_validates():
 def test_shipped_configs_load(tiny_model_dir, alfworld_data):
     from pathlib import Path
 
-    for path in sorted(Path(__file__).parents[1].glob("configs/rollout_speedup*.yaml")):
+    for path in sorted(Path(__file__).parents[1].glob("bench/configs/rollout_speedup*.yaml")):
         cfg = load_config(RolloutSpeedupConfig, path, [f"engine.model={tiny_model_dir}"])
         assert cfg.num_tasks >= 1
         assert (cfg.contexts == "alfworld") == (cfg.alfworld is not None)  # the games are said where they are read

@@ -1,25 +1,34 @@
-"""Every shipped YAML under configs/ loads into its class; the nine training configs hold the paper's settings.
+"""Every shipped YAML (configs/, bench/configs/, the benchmarks' default files in their packages) loads into its class;
+the nine training configs hold the paper's settings.
 
 No engine, model or environment is started: paths are overridden with empty temporary directories and files.
 """
 
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from actfirst.core.config import ConfigError, ModelConfig, RolloutSpeedupConfig, TrainConfig
+from actfirst.core.config import ConfigError, ModelConfig, TrainConfig
 from actfirst.core.schema import load_config
 from actfirst.envs.benchmarks import BENCHMARKS as REGISTRY
-from actfirst.envs.benchmarks import get_benchmark
+from actfirst.envs.benchmarks import config_path, get_benchmark
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.rollout.strategies import STRATEGIES
 from actfirst.teacher.sft import TeacherSFTConfig
 
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from rollout_speedup_config import RolloutSpeedupConfig  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
 
-CONFIGS = Path(__file__).parents[1] / "configs"
+ROOT = Path(__file__).parents[1]
+CONFIGS = ROOT / "configs"
+SHIPPED = sorted([*CONFIGS.rglob("*.yaml"), *(ROOT / "bench" / "configs").rglob("*.yaml"),
+                  *(ROOT / "actfirst" / "envs").glob("*/*.yaml")])
+"""The config files the repository ships (the benchmarks' default env files in their packages)."""
 TRAIN = sorted(p for p in (CONFIGS / "train").rglob("qwen3-*.yaml"))
 """The nine ActFirst settings (the other methods' configs build on them: test_method_configs)."""
 METHOD_CONFIGS = sorted(p for p in (CONFIGS / "train").rglob("*.yaml") if not p.name.startswith("qwen3-"))
@@ -31,18 +40,18 @@ TURN_LIMITS = {"alfworld": 30, "webshop": 15, "scienceworld": 30}   # Sec. 5.1
 
 def config_class(path: Path) -> type:
     """The config class a shipped YAML is for (an unmapped file fails the test that lists them all)."""
-    rel = path.relative_to(CONFIGS)
-    if rel.parts[0] in ("train", "demo"):
+    rel = path.relative_to(ROOT).parts
+    if rel[:2] in (("configs", "train"), ("configs", "demo")):
         return TrainConfig
-    if rel.parts[0] == "envs":
+    if rel[:2] == ("actfirst", "envs"):
         return REGISTRY[path.stem].config_class
-    if rel.parts[0] == "models":
-        return ModelConfig
-    if rel.name.startswith("rollout_speedup"):
-        return RolloutSpeedupConfig
-    if rel.parts[0] == "teacher":
+    if rel[:2] == ("configs", "teacher"):
         return TeacherSFTConfig
-    raise AssertionError(f"{rel}: no config class known for this file; add it to tests/test_configs.py")
+    if rel[:3] == ("bench", "configs", "models"):
+        return ModelConfig
+    if rel[:2] == ("bench", "configs") and path.name.startswith("rollout_speedup"):
+        return RolloutSpeedupConfig
+    raise AssertionError(f"{path.relative_to(ROOT)}: no config class known for this file; add it to test_configs.py")
 
 
 def test_nine_training_configs():
@@ -59,11 +68,11 @@ def test_training_config_holds_the_paper_settings(path, paths):
     env = cfg.env
     assert isinstance(env, REGISTRY[bench].config_class) and env.max_turns == TURN_LIMITS[bench]
     if bench == "scienceworld":
-        default = load_config(ScienceWorldConfig, CONFIGS / "envs" / "scienceworld.yaml")
+        default = load_config(ScienceWorldConfig, config_path("scienceworld"))
         assert env.train_task_types == default.train_task_types and len(env.train_task_types) == 17
         assert env.simplification == "easy"
     if bench == "webshop":  # C.1: the full product catalog, as the default env file has it
-        assert env == load_config(WebShopConfig, CONFIGS / "envs" / "webshop.yaml")
+        assert env == load_config(WebShopConfig, config_path("webshop"))
         assert (env.product_file, env.attribute_file, env.num_products) == ("items_shuffle.json", "items_ins_v2.json",
                                                                           None)
     # The placeholders name this setting (the overrides replaced them in cfg).
@@ -150,7 +159,7 @@ def test_every_shipped_yaml_loads_into_its_class(tmp_path, paths):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     seen = set()
-    for path in sorted(CONFIGS.rglob("*.yaml")):
+    for path in SHIPPED:
         cls = config_class(path)
         overrides = {TrainConfig: paths, RolloutSpeedupConfig: [f"engine.model={model_dir}"],
                      # benchmark: the 8B config takes it (and env) from --train-config
@@ -212,6 +221,19 @@ def test_sleep_needs_an_engine_that_is_idle_during_the_update():
     with pytest.raises(ConfigError, match=r"student.sleep_level=1: needs pipeline: serial, not async"):
         load_run_config(None, ["student.sleep_level=1"])  # the default pipeline
     assert load_run_config(None, ["student.sleep_level=1", "pipeline=serial"]).student.sleep_level == 1
+
+
+def test_uopd_refuses_a_sharded_teacher_and_a_sleeping_student_by_key():
+    """UOPD scores proposals with the teacher inside each rank's rollouts (a sharded teacher's collectives would run
+    at different times on different ranks: a hang), and its second engine may share the student engine's rotary
+    cache, which a sleeping student moves off the GPU (docs/engine.md)."""
+    from actfirst.preparation.build import load_run_config
+
+    with pytest.raises(ConfigError, match=r"parallel.teacher='shard': must be 'replicate' with rollout.strategy="):
+        load_run_config(None, ["rollout.strategy=uopd", "parallel.teacher=shard"])
+    with pytest.raises(ConfigError, match=r"student.sleep_level=2: must be 0 with rollout.strategy='uopd'"):
+        load_run_config(None, ["rollout.strategy=uopd", "student.sleep_level=2", "pipeline=serial"])
+    assert load_run_config(None, ["rollout.strategy=uopd"]).parallel.teacher == "replicate"
 
 
 @pytest.mark.parametrize("args,named", [

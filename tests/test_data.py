@@ -1,13 +1,19 @@
 """Benchmark data: ALFWorld's real games are never replaced by generated ones (the refusal, the data folder's
-order), and ``python -m actfirst.data``'s downloads (resume, verification, unpacking) against a local HTTP server."""
+order), and ``python -m actfirst.data``'s downloads through the libraries that make them (huggingface_hub, gdown,
+pooch) against a local HTTP server that answers as the Hub, Google Drive's plain URLs and a release server do:
+resume, retries, pinned commits and sizes, the disk space said and checked, unpacking. The Hub's endpoint, token
+and offline mode are read by huggingface_hub when it is imported, so the Hub tests run the command (or a snippet)
+in a process of its own with those variables."""
 
 import gzip
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import tarfile
 import threading
@@ -22,19 +28,20 @@ from actfirst.core.schema import load_config
 from actfirst.core.user_input import ConfigError
 from actfirst.data import main
 from actfirst.envs.alfworld.config import ALFWorldConfig
-from actfirst.envs.alfworld.data import ALFWorldData, data_dir
+from actfirst.envs.alfworld.data import LOGIC, LOGIC_FILES, ALFWorldData, data_dir
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
-from actfirst.envs.search.data import SearchData
+from actfirst.envs.search.data import FLASHRAG, QUESTION_FILES, SearchData
 from actfirst.envs.search.env import load_questions
 from actfirst.envs.webshop.data import WebShopData
 from actfirst.preparation.downloads import (
     BenchmarkData,
-    Download,
     DownloadError,
-    Progress,
+    DriveFile,
     Source,
+    UrlFile,
     fetch_data,
     fetch_file,
+    plan_fetch,
 )
 
 ROOT = Path(__file__).parents[1]
@@ -118,22 +125,42 @@ def test_the_source_is_said_and_generated_games_read_no_data_dir(no_alfworld_dat
 
 
 class LocalFileServer:
-    """Python's http.server on 127.0.0.1, serving ``files`` (name -> bytes) with HTTP Range (206, 416), and
-    recording each request's (name, Range header). Faults on request, one each: ``drop_after_fault_injection``
-    (name -> bytes sent before the connection is cut), ``ignore_range_fault_injection`` (names answered whole, 200),
-    ``html_fault_injection`` (names answered with an HTML page)."""
+    """Python's http.server on 127.0.0.1, recording each request as (method, path, Range, Authorization).
+
+    Plain files (``files``: name -> bytes, at ``/<name>``) with HTTP Range (206). Hub dataset repos (``repos``: repo
+    -> {commit: {filename: bytes}}, ``main``: repo -> the commit ``main`` names) at ``/datasets/<repo>/resolve/
+    <revision>/<filename>``, HEAD and GET, with the headers huggingface_hub reads (X-Repo-Commit, ETag, the size).
+    Faults on request, one each: ``drop_after_fault_injection`` (path -> bytes sent before the connection is cut),
+    ``fail_fault_injection`` (path -> how many GETs answer 500 first)."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
-        self.requests: list[tuple[str, str | None]] = []
+        self.repos: dict[str, dict[str, dict[str, bytes]]] = {}
+        self.main: dict[str, str] = {}
+        self.requests: list[tuple[str, str, str | None, str | None]] = []
         self.drop_after_fault_injection: dict[str, int] = {}
-        self.ignore_range_fault_injection: set[str] = set()
-        self.html_fault_injection: set[str] = set()
+        self.fail_fault_injection: dict[str, int] = {}
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_port}"
+
     def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.httpd.server_port}/{name}"
+        return f"{self.endpoint}/{name}"
+
+    def lookup(self, path: str) -> tuple[bytes | None, dict[str, str]]:
+        """The bytes at ``path`` (None: nothing there) and the headers that describe them."""
+        if not path.startswith("/datasets/"):
+            return self.files.get(path.lstrip("/")), {}
+        repo, _, rest = path.removeprefix("/datasets/").partition("/resolve/")
+        revision, _, filename = rest.partition("/")
+        commit = self.main.get(repo) if revision == "main" else revision
+        data = self.repos.get(repo, {}).get(commit, {}).get(filename)
+        if data is None:
+            return None, {"X-Error-Code": "EntryNotFound"}
+        return data, {"X-Repo-Commit": commit, "ETag": f'"{hashlib.sha256(data).hexdigest()}"'}
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -142,31 +169,37 @@ class LocalFileServer:
             def log_message(self, *args) -> None:
                 pass
 
-            def do_GET(self) -> None:
-                name, wanted = self.path.lstrip("/"), self.headers.get("Range")
-                server.requests.append((name, wanted))
-                if name in server.html_fault_injection:
-                    return self._send(200, b"<html>over quota</html>", {"Content-Type": "text/html"})
-                if name not in server.files:
-                    return self._send(404, b"", {})
-                data, start = server.files[name], 0
-                if wanted and name not in server.ignore_range_fault_injection:
-                    start = int(wanted.removeprefix("bytes=").removesuffix("-"))
-                    if start >= len(data):
-                        return self._send(416, b"", {"Content-Range": f"bytes */{len(data)}"})
-                    headers = {"Content-Range": f"bytes {start}-{len(data) - 1}/{len(data)}"}
-                    return self._send(206, data[start:], headers, name)
-                return self._send(200, data, {}, name)
+            def do_HEAD(self) -> None:
+                self._answer(body=False)
 
-            def _send(self, status: int, body: bytes, headers: dict[str, str], name: str = "") -> None:
+            def do_GET(self) -> None:
+                self._answer(body=True)
+
+            def _answer(self, body: bool) -> None:
+                path, wanted = self.path.split("?")[0], self.headers.get("Range")
+                server.requests.append((self.command, path, wanted, self.headers.get("Authorization")))
+                data, headers = server.lookup(path)
+                if body and server.fail_fault_injection.get(path, 0) > 0:
+                    server.fail_fault_injection[path] -= 1
+                    return self._send(500, b"", {}, body)
+                if data is None:
+                    return self._send(404, b"", headers, body)
+                start = int(wanted.removeprefix("bytes=").split("-")[0]) if wanted and body else 0
+                if start:
+                    headers["Content-Range"] = f"bytes {start}-{len(data) - 1}/{len(data)}"
+                self._send(206 if start else 200, data[start:], headers, body)
+
+            def _send(self, status: int, data: bytes, headers: dict[str, str], body: bool) -> None:
                 self.send_response(status)
-                self.send_header("Content-Type", headers.pop("Content-Type", "application/octet-stream"))
-                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(data)))
                 for key, value in headers.items():
                     self.send_header(key, value)
                 self.end_headers()
-                cut = server.drop_after_fault_injection.pop(name, None)
-                self.wfile.write(body if cut is None else body[:cut])
+                if not body:
+                    return
+                cut = server.drop_after_fault_injection.pop(self.path.split("?")[0], None)
+                self.wfile.write(data if cut is None else data[:cut])
                 self.wfile.flush()
                 if cut is not None:
                     self.close_connection = True
@@ -192,59 +225,137 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_an_interrupted_download_resumes_with_a_range_request(server, tmp_path):
+def gets(server: LocalFileServer, path: str) -> list[str | None]:
+    """The Range header of every GET of ``path``."""
+    return [r[2] for r in server.requests if r[0] == "GET" and r[1] == path]
+
+
+def test_a_release_asset_through_pooch_checked_against_its_size_and_sha256(server, tmp_path):
     data = payload(300_000)
-    server.files["big.bin"] = data
-    server.drop_after_fault_injection["big.bin"] = 120_000
-    download = Download(server.url("big.bin"), "big.bin", size=len(data), sha256=sha(data))
-    target = tmp_path / "big.bin"
-    with pytest.raises(DownloadError, match=r"bytes kept in .*big\.bin\.part: run the same command again to resume"):
-        fetch_file(download, target, stream=io.StringIO())
-    part = tmp_path / "big.bin.part"
-    kept = part.stat().st_size
-    assert 0 < kept < len(data) and not target.exists()
-    log = io.StringIO()
-    assert fetch_file(download, target, stream=log) == target
-    assert target.read_bytes() == data and not part.exists()
-    assert server.requests == [("big.bin", None), ("big.bin", f"bytes={kept}-")]
-    assert f"big.bin: {len(data) / 2**20:,.1f} MiB of {len(data) / 2**20:,.1f} MiB (100%)" in log.getvalue()
-    # A part file cut short by hand (a killed process) resumes the same way; a finished file is never fetched again.
-    (tmp_path / "again.bin.part").write_bytes(data[:1000])
-    fetch_file(download, tmp_path / "again.bin", stream=io.StringIO())
-    assert (tmp_path / "again.bin").read_bytes() == data and server.requests[-1] == ("big.bin", "bytes=1000-")
-    fetch_file(download, target, stream=io.StringIO())
-    assert len(server.requests) == 3
+    server.files["a.zip"] = data
+    ok = UrlFile(server.url("a.zip"), "a.zip", size=len(data), sha256=sha(data))
+    assert fetch_file(ok, tmp_path / "a.zip").read_bytes() == data
+    fetch_file(ok, tmp_path / "a.zip")  # in place: not fetched again
+    assert gets(server, "/a.zip") == [None]
+    with pytest.raises(DownloadError, match=rf"b\.zip: {len(data)} bytes, not the 999 declared for .*; deleted it"):
+        fetch_file(UrlFile(server.url("a.zip"), "b.zip", size=999), tmp_path / "b.zip")
+    with pytest.raises(DownloadError, match=r"c\.zip: .*[Hh]ash"):
+        fetch_file(UrlFile(server.url("a.zip"), "c.zip", sha256="0" * 64), tmp_path / "c.zip")
+    with pytest.raises(DownloadError, match=r"missing\.zip: 404"):
+        fetch_file(UrlFile(server.url("missing.zip"), "missing.zip"), tmp_path / "m.zip")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.zip"]  # nothing half-written or refused kept
+    # a server that fails twice, then answers: retried
+    server.fail_fault_injection["/a.zip"] = 2
+    before = len(gets(server, "/a.zip"))
+    assert fetch_file(UrlFile(server.url("a.zip"), "d.zip", sha256=sha(data)), tmp_path / "d.zip").read_bytes() == data
+    assert len(gets(server, "/a.zip")) == before + 3
 
 
-def test_a_server_that_cannot_resume_and_a_complete_part_file(server, tmp_path):
-    data = payload(50_000, seed=1)
-    server.files["f.bin"] = data
-    server.ignore_range_fault_injection.add("f.bin")
-    (tmp_path / "f.bin.part").write_bytes(data[:7000])
-    fetch_file(Download(server.url("f.bin"), "f.bin"), tmp_path / "f.bin", stream=io.StringIO())
-    assert (tmp_path / "f.bin").read_bytes() == data  # started again from the first byte, not appended
-    assert server.requests == [("f.bin", "bytes=7000-"), ("f.bin", None)]
-    server.ignore_range_fault_injection.clear()
-    (tmp_path / "g.bin.part").write_bytes(data)  # killed after the last byte, before the rename: 416, complete
-    fetch_file(Download(server.url("f.bin"), "g.bin", sha256=sha(data)), tmp_path / "g.bin", stream=io.StringIO())
-    assert (tmp_path / "g.bin").read_bytes() == data and server.requests[-1] == ("f.bin", f"bytes={len(data)}-")
+def test_a_drive_file_through_gdown_resumes_a_cut_download(server, tmp_path):
+    data = payload(3_000_000, seed=1)
+    server.files["items.json"] = data
+    server.drop_after_fault_injection["/items.json"] = 2_000_000  # past gdown's first 512 KiB chunks
+    target = tmp_path / "downloads" / "items.json"
+    assert fetch_file(DriveFile(server.url("items.json"), "items.json", sha256=sha(data)), target).read_bytes() == data
+    ranges = gets(server, "/items.json")
+    assert ranges[0] is None and ranges[-1] is not None and ranges[-1].startswith("bytes=")  # resumed, not again
+    assert [p.name for p in target.parent.iterdir()] == ["items.json"]
 
 
-def test_wrong_checksums_sizes_and_html_pages_are_refused(server, tmp_path):
-    data = payload(10_000, seed=2)
-    server.files["f.bin"] = data
-    wrong = "0" * 64
-    with pytest.raises(DownloadError, match=rf"f\.bin: sha256 {sha(data)}, not the expected {wrong}; deleted"):
-        fetch_file(Download(server.url("f.bin"), "f.bin", sha256=wrong), tmp_path / "f.bin", stream=io.StringIO())
-    assert not (tmp_path / "f.bin").exists() and not (tmp_path / "f.bin.part").exists()
-    with pytest.raises(DownloadError, match=rf"the server's file has {len(data)} bytes, not the 999 expected"):
-        fetch_file(Download(server.url("f.bin"), "f.bin", size=999), tmp_path / "f.bin", stream=io.StringIO())
-    server.html_fault_injection.add("f.bin")
-    with pytest.raises(DownloadError, match=r"the server sent an HTML page, not f\.bin"):
-        fetch_file(Download(server.url("f.bin"), "f.bin"), tmp_path / "f.bin", stream=io.StringIO())
-    with pytest.raises(DownloadError, match=r"missing\.bin: HTTP 404"):
-        fetch_file(Download(server.url("missing.bin"), "missing.bin"), tmp_path / "m", stream=io.StringIO())
-    assert not (tmp_path / "f.bin").exists()
+def hub_command(server: LocalFileServer, args: list[str], env: dict[str, str] | None = None,
+                code: str | None = None) -> subprocess.CompletedProcess:
+    """``python -m actfirst.data ARGS`` (or ``python -c CODE``) with the local server as the Hub."""
+    env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_OFFLINE": "0", "HF_TOKEN": "hf_local_test",
+           "HF_HUB_DISABLE_XET": "1", "PYTHONPATH": str(ROOT), **(env or {})}
+    command = [sys.executable, "-c", code] if code is not None else [sys.executable, "-m", "actfirst.data", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def flashrag_files(tag: str) -> dict[str, bytes]:
+    """The FlashRAG files Search's questions come from, one question each (naming ``tag``)."""
+    return {f"{ds}/{split}.jsonl": json.dumps({"id": "0", "question": f"{tag} {ds} {split}", "golden_answers": ["x"],
+                                                "metadata": {}}).encode() + b"\n"
+            for pairs in QUESTION_FILES.values() for ds, split in pairs}
+
+
+def test_search_questions_through_huggingface_hub_at_one_pinned_commit(server, tmp_path):
+    first, second = "1" * 40, "2" * 40
+    server.repos[FLASHRAG] = {first: flashrag_files("old"), second: flashrag_files("new")}
+    server.main[FLASHRAG] = first
+    dest = tmp_path / "search"
+    proc = hub_command(server, ["search", "--only", "questions", "--dest", str(dest)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"questions: {FLASHRAG} at commit {first}" in proc.stdout and "at most " in proc.stdout
+    assert [q["question"] for q in map(json.loads, (dest / "test.jsonl").read_text().splitlines())][0] == \
+        "old hotpotqa dev"
+    state = dest / ".actfirst-data"
+    assert json.loads((state / "questions.pin").read_text()) == {FLASHRAG: first}
+    assert json.loads((state / "questions.done").read_text())["commits"] == {FLASHRAG: first}
+    hub = [r for r in server.requests if r[1].startswith("/datasets/")]
+    assert {r[3] for r in hub} == {"Bearer hf_local_test"}  # HF_TOKEN
+    assert {r[1].split("/")[5] for r in hub if r[0] == "GET"} == {first}
+    # main moves on; a fetch that resumes (a file lost, the source not done) still takes the pinned commit
+    server.main[FLASHRAG] = second
+    (state / "questions.done").unlink()
+    (dest / "test.jsonl").unlink()
+    (dest / "flashrag" / "bamboogle-test.jsonl").unlink()
+    server.requests.clear()
+    assert hub_command(server, ["search", "--only", "questions", "--dest", str(dest)]).returncode == 0
+    assert {r[1].split("/")[5] for r in server.requests if r[0] == "GET" and r[1].startswith("/datasets/")} == \
+        {first}, server.requests
+    assert "old bamboogle test" in (dest / "test.jsonl").read_text()
+
+
+def test_a_hub_download_cut_short_resumes_and_offline_is_one_line(server, tmp_path):
+    commit = "3" * 40
+    files = flashrag_files("q")
+    files["nq/train.jsonl"] = payload(24 * 2**20, seed=2)  # not JSON: only its bytes are checked here
+    server.repos[FLASHRAG] = {commit: files}
+    server.main[FLASHRAG] = commit
+    path = f"/datasets/{FLASHRAG}/resolve/{commit}/nq/train.jsonl"
+    server.drop_after_fault_injection[path] = 15 * 2**20  # past huggingface_hub's first 10 MiB chunk
+    code = ("import sys; from pathlib import Path; from actfirst.envs.search.data import SearchData; "
+            "from actfirst.preparation.downloads import fetch_file; "
+            "source = SearchData.sources[0]; "
+            "print(fetch_file(source.files[0], Path(sys.argv[-1]), commit='" + commit + "').stat().st_size)")
+    target = tmp_path / "nq-train.jsonl"
+    proc = hub_command(server, [], code=code.replace("sys.argv[-1]", repr(str(target))))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert target.read_bytes() == files["nq/train.jsonl"]
+    ranges = gets(server, path)
+    assert ranges[0] is None and any(r is not None and r.startswith("bytes=") for r in ranges[1:]), ranges
+    # offline with nothing fetched: one line, exit status 1
+    proc = hub_command(server, ["search", "--only", "questions", "--dest", str(tmp_path / "offline")],
+                       env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("python -m actfirst.data: failed: hf://datasets/RUC-NLPIR/FlashRAG_datasets/")
+    assert "not fetched yet and HF_HUB_OFFLINE is set" in last
+
+
+def test_the_disk_space_is_said_before_and_checked(tmp_path):
+    """Nothing is fetched: the sizes are declared (an unroutable URL would fail if anything were asked)."""
+
+    class Huge(BenchmarkData):
+        sources = (Source("parts", (UrlFile("http://192.0.2.1/a", "a", size=2**50),
+                                    UrlFile("http://192.0.2.1/b", "b", size=2**50)), "concat", target="joined"),)
+
+    plan = plan_fetch(Huge(), tmp_path / "d")
+    assert plan.peak_bytes == 4 * 2**50  # the parts and what they are joined into, at once
+    assert plan.lines()[0].startswith(f"to fetch into {tmp_path / 'd'}: parts; at most 4,194,304.00 GiB on its "
+                                      f"filesystem at once, ")
+    with pytest.raises(DownloadError, match=r"writes up to 4,194,304\.00 GiB at once, and its filesystem has "):
+        fetch_data(Huge(), tmp_path / "d")
+    # Search's index, as declared: twice its 60 GiB while the parts are joined
+    index = [s for s in SearchData.sources if s.name == "index"][0]
+    parts = sum(f.size for f in index.files)
+    assert parts == 21_015_324 * 768 * 4 + 45  # a flat FAISS index of wiki-18's passages, header included
+
+    class IndexOnly(BenchmarkData):
+        sources = (Source(index.name, tuple(UrlFile(f"http://192.0.2.1/{f.name}", f.name, size=f.size)
+                                             for f in index.files), "concat", target=index.target),)
+
+    assert plan_fetch(IndexOnly(), tmp_path / "s").peak_bytes == 2 * parts
 
 
 def zip_bytes(files: dict[str, bytes]) -> bytes:
@@ -274,16 +385,18 @@ def test_archives_are_extracted_into_place_and_a_done_source_is_not_fetched_agai
 
     class Data(BenchmarkData):
         sources = (
-            Source("json", (Download(server.url("json.zip"), "json.zip"),), "zip"),
-            Source("games", (Download(server.url("games.tar.gz"), "games.tar.gz"),), "tar"),
-            Source("corpus", (Download(server.url("corpus.jsonl.gz"), "corpus.jsonl.gz"),), "gzip",
+            Source("json", (UrlFile(server.url("json.zip"), "json.zip"),), "zip"),
+            Source("games", (UrlFile(server.url("games.tar.gz"), "games.tar.gz"),), "tar"),
+            Source("corpus", (UrlFile(server.url("corpus.jsonl.gz"), "corpus.jsonl.gz"),), "gzip",
                    target="corpus.jsonl"),
-            Source("index", (Download(server.url("part_aa"), "part_aa"), Download(server.url("part_ab"), "part_ab")),
-                   "concat", target="e5_Flat.index"),
+            Source("index", (UrlFile(server.url("part_aa"), "part_aa", size=5000),
+                             UrlFile(server.url("part_ab"), "part_ab", size=3000)), "concat", target="e5_Flat.index"),
         )
 
     dest = tmp_path / "data"
-    report = fetch_data(Data(), dest, stream=io.StringIO())
+    plan = plan_fetch(Data(), dest)
+    assert plan.peak_bytes == 2 * 8000 and "json.zip (json)" in plan.unknown
+    report = fetch_data(Data(), dest, plan=plan)
     assert report.fetched == ["json", "games", "corpus", "index"] and report.present == []
     trial = dest / "json_2.1.1" / "train" / "t1"
     assert (trial / "traj_data.json").read_bytes() == b"{}" and (trial / "game.tw-pddl").read_bytes() == b"game"
@@ -292,37 +405,35 @@ def test_archives_are_extracted_into_place_and_a_done_source_is_not_fetched_agai
     assert (dest / "e5_Flat.index").read_bytes() == payload(5000, 3) + payload(3000, 4)
     assert not list((dest / ".actfirst-data" / "downloads").iterdir())  # the archives are gone once placed
     requests = len(server.requests)
-    report = fetch_data(Data(), dest, only=["json", "index"], stream=io.StringIO())
+    report = fetch_data(Data(), dest, only=["json", "index"])
     assert report.present == ["json", "index"] and report.fetched == [] and len(server.requests) == requests
     # A broken archive is deleted and named; its source is not marked done.
     server.files["bad.zip"] = b"not a zip"
 
     class Broken(BenchmarkData):
-        sources = (Source("bad", (Download(server.url("bad.zip"), "bad.zip"),), "zip"),)
+        sources = (Source("bad", (UrlFile(server.url("bad.zip"), "bad.zip"),), "zip"),)
 
     with pytest.raises(DownloadError, match=r"bad\.zip: not a readable zip archive .*deleted it"):
-        fetch_data(Broken(), dest, stream=io.StringIO())
+        fetch_data(Broken(), dest)
     assert not (dest / ".actfirst-data" / "bad.done").exists()
-
-
-def test_progress_says_how_much_and_how_long():
-    out = io.StringIO()
-    progress = Progress("x.zip", total=4 * 2**20, done=2**20, stream=out, every_s=0.0)
-    progress.update(2**20)
-    line = out.getvalue().strip()
-    assert line.startswith("x.zip: 2.0 MiB of 4.0 MiB (50%), ") and re.search(r"MiB/s, ETA \d+:\d\d:\d\d$", line)
-    assert Progress("x", total=None, stream=out).line(0.0).startswith("x: 0.0 MiB, ")
 
 
 # -- the benchmarks' sources and the command ------------------------------------------------------------------------
 
 
-def test_alfworld_fetches_what_alfworlds_own_downloader_fetches():
+def test_alfworld_fetches_what_alfworlds_own_downloader_fetches_and_its_logic_files(tmp_path):
+    import importlib.resources
+
     script = (Path(sys.executable).parent / "alfworld-download").read_text()
     theirs = dict(re.findall(r'^(\w+_URL) = "(\S+)"', script, re.M))
-    ours = [d.url for s in ALFWorldData.sources for d in s.downloads]
+    ours = [f.url for s in ALFWorldData.sources for f in s.files]
     assert ours == [theirs["JSON_FILES_URL"], theirs["PDDL_FILES_URL"], theirs["TW_PDDL_FILES_URL"]]
     assert all(s.unpack == "zip" and s.target == "." for s in ALFWorldData.sources)  # into the data folder itself
+    assert all(f.size for s in ALFWorldData.sources for f in s.files)  # release assets: fixed sizes
+    ALFWorldData().finish(tmp_path)
+    packaged = importlib.resources.files("alfworld").joinpath("data")
+    for name in LOGIC_FILES:
+        assert (tmp_path / LOGIC / name).read_text() == packaged.joinpath(name).read_text()
 
 
 def test_search_questions_become_the_files_its_config_reads(tmp_path):
@@ -340,6 +451,8 @@ def test_search_questions_become_the_files_its_config_reads(tmp_path):
                                                             ("hotpotqa", "which is older?")]
     test = load_questions([str(tmp_path / "test.jsonl")], "test_files")
     assert [t.data_source for t in test] == ["hotpotqa", "2wikimultihopqa", "musique", "bamboogle", "bamboogle"]
+    assert SearchData().hub_datasets() == sorted([FLASHRAG, "PeterJinGo/wiki-18-corpus",
+                                                  "PeterJinGo/wiki-18-e5-index"])
 
 
 def test_the_command(server, tmp_path, capsys, monkeypatch):
@@ -355,15 +468,16 @@ def test_the_command(server, tmp_path, capsys, monkeypatch):
     server.files["items_shuffle.json"] = b"[]"
 
     class LocalWebShop(WebShopData):
-        sources = (Source("items_shuffle", (Download(server.url("items_shuffle.json"), "items_shuffle.json"),),
+        sources = (Source("items_shuffle", (DriveFile(server.url("items_shuffle.json"), "items_shuffle.json"),),
                           "copy"),)
 
     monkeypatch.setattr(BENCHMARKS["webshop"], "data", LocalWebShop())
     assert main(["webshop", "--dest", str(tmp_path / "w")]) == 0
     out = capsys.readouterr().out
     assert (tmp_path / "w" / "items_shuffle.json").read_bytes() == b"[]" and "fetched: items_shuffle" in out
+    assert f"to fetch into {tmp_path / 'w'}: items_shuffle; at most " in out
     assert f"env.product_file={tmp_path / 'w' / 'items_shuffle.json'}" in out
     server.files.pop("items_shuffle.json")
     assert main(["webshop", "--dest", str(tmp_path / "v")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("python -m actfirst.data: failed: ") and "HTTP 404" in err[-1]
+    assert err[-1].startswith("python -m actfirst.data: failed: ") and "items_shuffle.json" in err[-1]

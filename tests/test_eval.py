@@ -4,6 +4,7 @@ evaluation budget, seed reproducibility, the statistics against hand computation
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -21,16 +22,8 @@ from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.alfworld.env import ALFWorldTask
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.evaluation.evaluate import EVAL_SEEDS, episode_seed, eval_rollout_config, evaluate, pick_tasks
-from actfirst.evaluation.report import (
-    EpisodeRecord,
-    EvalReport,
-    difference_interval,
-    mean_sd,
-    paired_difference_interval,
-    paired_table,
-    sr_change,
-    wilson_interval,
-)
+from actfirst.evaluation.report import EpisodeRecord, EvalReport, paired_table, sr_change
+from actfirst.evaluation.stats import difference_interval, mean_sd, paired_difference_interval, wilson_interval
 
 MAX_TURNS = 2
 # Training budget 8/12 tokens, evaluation budget 24/32: an evaluation response can exceed the training total.
@@ -141,7 +134,7 @@ def test_a_seed_reproduces_its_run_and_seeds_differ(report, engine, tiny_model_d
     # No two episodes of any seeds share a sampling seed.
     stride = 2 * MAX_TURNS + BUDGET.eval_total + 2
     bases = sorted(episode_seed(s, i, stride) for s in EVAL_SEEDS for i in range(300))
-    assert all(b - a >= stride for a, b in zip(bases, bases[1:], strict=True))
+    assert all(b - a >= stride for a, b in itertools.pairwise(bases))
 
 
 # -- statistics against hand computations ------------------------------------------------------------------------

@@ -67,9 +67,10 @@ def test_eval_with_the_run_config_reproduces_the_runs_final_evaluation(run, tmp_
     assert [e["update"] for e in evals] == [1, 2]
     final = run / evals[-1]["report"]
     report = tmp_path / "again.json"
-    # on two ranks: each its own engine on one of the two episodes, rank 0 merges
-    cli("-m", "actfirst.eval", "--config", str(run / "config.json"), "--checkpoint",
-        str(run / "checkpoints" / "update_000002"), "--out", str(report), "--nproc-per-node", "2")
+    # the run's last checkpoint by name (update_000002), on two ranks: each its own engine on one of the two
+    # episodes, rank 0 merges
+    cli("-m", "actfirst.eval", "--config", str(run / "config.json"), "--checkpoint", "latest", "--out", str(report),
+        "--nproc-per-node", "2")
     ours, theirs = json.loads(report.read_text()), json.loads(final.read_text())
     # the same sampling, budgets and environment, taken from the run's config (not the command's own defaults)
     assert ours["meta"]["rollout"] == theirs["meta"]["rollout"] and ours["meta"]["env"] == theirs["meta"]["env"]
@@ -97,6 +98,17 @@ def test_keep_best_keeps_the_best_checkpoint_beside_the_newest(run):
     # checkpoint_every=2, yet update 1 was checkpointed for its evaluation; only the best and the newest stay
     assert sorted(p.name for p in root.glob("update_*")) == sorted({f"update_{best:06d}", "update_000002"})
     assert (root / "latest").read_text().strip() == "update_000002"
+    # what eval --checkpoint and export take by name
+    from actfirst.core.user_input import ConfigError
+    from actfirst.eval import main as eval_main
+    from actfirst.train.checkpoint import named_checkpoint
+
+    assert named_checkpoint(root / "best", "--checkpoint") == root / f"update_{best:06d}"
+    assert named_checkpoint(root / "latest", "--checkpoint") == root / "update_000002"
+    assert named_checkpoint(root / "update_000002", "--checkpoint") == root / "update_000002"
+    with pytest.raises(ConfigError, match=r"recorded no best checkpoint \(it keeps one only with keep_best: true"):
+        named_checkpoint(run.parent / "elsewhere" / "checkpoints" / "best", "--checkpoint")
+    assert eval_main(["--checkpoint", "best", "--benchmark", "scienceworld"]) == 2  # no run to take it from
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +116,8 @@ def exports(run, tmp_path_factory):
     root = tmp_path_factory.mktemp("exports")
     ckpt = run / "checkpoints" / "update_000002"
     cli("-m", "actfirst.export", str(ckpt), "--out", str(root / "f32"))
-    cli("-m", "actfirst.export", str(ckpt), "--out", str(root / "bf16"), "--dtype", "bfloat16")
+    cli("-m", "actfirst.export", str(run / "checkpoints" / "latest"), "--out", str(root / "bf16"), "--dtype",
+        "bfloat16", "--license", "apache-2.0")
     return ckpt, root / "f32", root / "bf16"
 
 
@@ -126,8 +139,18 @@ def test_export_is_a_model_without_training_state(exports):
     card = (bf16 / "README.md").read_text()
     for text in ("assets/demo/student-warmstart", "assets/demo/teacher", "scienceworld", "ActFirst-OPD (`actfirst`)",
                  "| updates | 2 of 2", "| 1 | 2 |", "| 2 | 2 |", "At update 2 (this model)", "| Overall | 2 |",
-                 f"python -m actfirst.export {ckpt} --out {bf16} --dtype bfloat16"):
+                 f"python -m actfirst.export {ckpt.parent / 'latest'} --out {bf16} --dtype bfloat16"):
         assert text in card, text
+    # the Hub's reading of it: metadata and model-index with this update's evaluation (the run's own report)
+    from huggingface_hub import ModelCard
+
+    loaded = ModelCard.load(bf16 / "README.md")
+    assert "model-index" in loaded.content and loaded.data.license == "apache-2.0"
+    assert loaded.data.model_name == "bf16" and loaded.data.library_name == "transformers"
+    report = json.loads((ckpt.parents[1] / "evals" / "update_000002.json").read_text())["summary"]["overall"]
+    results = {(r.metric_type, r.dataset_split): r.metric_value for r in loaded.data.eval_results}
+    assert results == {("success_rate", "eval"): round(report["SR"]["mean"], 2),
+                       ("score", "eval"): round(report["Score"]["mean"], 2)}
 
 
 def logprobs(model_dir, ids, dtype):
@@ -181,20 +204,45 @@ def test_export_refusals(run, tmp_path):
     assert not (tmp_path / "y").exists()
 
 
-def test_the_model_card_names_a_hub_base_model_by_id_and_commit(tmp_path):
+def test_the_model_card_names_the_base_and_the_teacher_by_hub_id_and_commit(tmp_path):
     """A student resolved from the Hub runs from its cache snapshot; the card names the id and the commit, not the
-    snapshot's path."""
-    from actfirst.models.export import model_card
+    snapshot's path, takes the base's license from its own card, and names a teacher made by make_teacher by its
+    directory and the Hub model it was fine-tuned from."""
+    from huggingface_hub import ModelCard
 
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    snapshot = tmp_path / "hub" / "models--Qwen--Qwen3-1.7B" / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    state = {"update": 3, "config": {"student": {"model": str(snapshot), "revision": commit},
-                                     "teacher": "/models/teacher", "benchmark": "alfworld", "num_updates": 9,
+    from actfirst.models.card import TEACHER_RECORD, model_card
+
+    def snapshot(name: str, commit: str) -> Path:
+        path = tmp_path / "hub" / f"models--{name.replace('/', '--')}" / "snapshots" / commit
+        path.mkdir(parents=True)
+        return path
+
+    student, teacher_base = "0123456789abcdef0123456789abcdef01234567", "89abcdef0123456789abcdef0123456789abcdef"
+    base = snapshot("Qwen/Qwen3-1.7B", student)
+    (base / "README.md").write_text("---\nlicense: apache-2.0\n---\n# Qwen3-1.7B\n")
+    teacher = tmp_path / "teachers" / "alfworld"
+    teacher.mkdir(parents=True)
+    (teacher / TEACHER_RECORD).write_text(json.dumps({"config": {"base_model": str(snapshot("Qwen/Qwen3-8B",
+                                                                                            teacher_base))}}))
+    state = {"update": 3, "config": {"student": {"model": str(base), "revision": student}, "teacher": str(teacher),
+                                     "teacher_revision": None, "benchmark": "search", "num_updates": 9,
                                      "batch_samples": 8, "rollout": {"strategy": "actfirst"}}}
-    card = model_card(tmp_path / "run" / "checkpoints" / "update_000003", state, dtype="bfloat16", command="")
-    assert "base_model: Qwen/Qwen3-1.7B\n" in card
-    assert f"| `Qwen/Qwen3-1.7B (revision {commit})` |" in card and str(snapshot) not in card
+    card = model_card(tmp_path / "run" / "checkpoints" / "update_000003", state, dtype="bfloat16", command="",
+                      name="student")
+    card.save(tmp_path / "README.md")
+    loaded = ModelCard.load(tmp_path / "README.md")
+    assert loaded.data.base_model == "Qwen/Qwen3-1.7B" and loaded.data.license == "apache-2.0"
+    assert loaded.data.datasets == ["PeterJinGo/wiki-18-corpus", "PeterJinGo/wiki-18-e5-index",
+                                    "RUC-NLPIR/FlashRAG_datasets"]
+    text = loaded.content
+    assert f"| `Qwen/Qwen3-1.7B` at commit `{student}` |" in text and str(base) not in text
+    assert f"fine-tuned from `Qwen/Qwen3-8B` at commit `{teacher_base}`" in text
+    assert "model-index" not in text  # the run evaluated nothing: no results to claim
+    # a teacher from the Hub by its id and commit
+    state["config"].update(teacher=str(snapshot("Qwen/Qwen3-32B", teacher_base)), teacher_revision=teacher_base)
+    card = model_card(tmp_path / "run" / "checkpoints" / "update_000003", state, dtype="bfloat16", command="",
+                      name="student")
+    assert card.data.teacher_model == "Qwen/Qwen3-32B" and f"`Qwen/Qwen3-32B` at commit `{teacher_base}`" in str(card)
 
 
 def test_the_trackers_get_every_evaluation_at_its_update(run):

@@ -1,7 +1,8 @@
-"""The memory plan over every shipped training config (bench/memory_plan.py), and the probe it reads.
+"""The memory plan over every shipped training config (actfirst.parallel.memory_plan through bench/memory_plan.py),
+and the probe it reads.
 
 Each config under configs/train/ states its GPU in bench/memory_targets.yaml; its planned peak per rank, from the
-activation bytes measured on the real Hugging Face layers (bench/activation_bytes.json), must fit that GPU.
+activation bytes measured on the real Hugging Face layers (actfirst/parallel/activation_bytes.json), must fit that GPU.
 """
 
 import json
@@ -17,16 +18,18 @@ sys.path.insert(0, str(ROOT / "bench"))
 import activation_probe as probe  # noqa: E402
 import memory_plan  # noqa: E402
 
+from actfirst.parallel.memory_plan import GPUS, load_activations, model_shape, plan  # noqa: E402
+
 TRAIN = ROOT / "configs" / "train"
 SHIPPED = sorted(p.relative_to(TRAIN).as_posix() for p in TRAIN.rglob("*.yaml"))
 TARGETS = memory_plan.load_targets()
-MEASURED = memory_plan.load_activations()
+MEASURED = load_activations()
 
 
 def planned(name: str, overrides: list[str] | None = None, gpu: str | None = None) -> dict:
     entry = TARGETS["configs"][name]
     cfg = memory_plan.load_train_config(TRAIN / name, overrides)
-    return memory_plan.plan(cfg, entry["student"], entry["teacher"], gpu_gib=TARGETS["gpus"][gpu or entry["gpu"]],
+    return plan(cfg, entry["student"], entry["teacher"], gpu_gib=GPUS[gpu or entry["gpu"]],
                             ranks=TARGETS["ranks"], measured=MEASURED)
 
 
@@ -46,7 +49,7 @@ def test_the_plan_refuses_what_does_not_fit():
     """The same 4B config with twice the micro-batch and without checkpointing exceeds an 80 GB GPU."""
     r = planned("alfworld/qwen3-4b.yaml", ["micro_batch_tokens=16384", "parallel.activation_checkpointing=false"],
                 gpu="80GB")
-    assert not r["fits"] and r["peak"] > TARGETS["gpus"]["80GB"]
+    assert not r["fits"] and r["peak"] > GPUS["80GB"]
 
 
 def test_the_plan_reads_the_config_values():
@@ -56,7 +59,7 @@ def test_the_plan_reads_the_config_values():
     assert on["activations"] < off["activations"] / 4
     half = planned("alfworld/qwen3-1.7b.yaml", ["parallel.activation_checkpointing=false", "micro_batch_tokens=4096"])
     assert half["activations"] < off["activations"] / 2  # linear in T, plus the dense mask's T^2 on main
-    gpu = TARGETS["gpus"][TARGETS["configs"]["alfworld/uopd-qwen2.5-3b.yaml"]["gpu"]]
+    gpu = GPUS[TARGETS["configs"]["alfworld/uopd-qwen2.5-3b.yaml"]["gpu"]]
     uopd = memory_plan.load_train_config(TRAIN / "alfworld/uopd-qwen2.5-3b.yaml")
     expected = (uopd.student.gpu_memory_utilization + uopd.uopd.teacher_gpu_memory_utilization) * gpu
     assert planned("alfworld/uopd-qwen2.5-3b.yaml")["engines"] == pytest.approx(expected)
@@ -65,7 +68,7 @@ def test_the_plan_reads_the_config_values():
 
 
 def test_measured_coefficients_cover_every_shape_and_row():
-    record = json.loads(probe.OUT.read_text())
+    record = json.loads(probe.ACTIVATIONS.read_text())
     assert record["command"].startswith("python bench/activation_probe.py") and record["date"] and record["machine"]
     rows = {row + suffix for row in probe.ROWS for suffix in ("", "_checkpointed")}
     for shape in probe.SHAPES:
@@ -109,3 +112,23 @@ def test_shipped_config_states_tasks_per_rank_for_its_node(name):
     cfg = memory_plan.load_train_config(TRAIN / name)
     assert cfg.rollout.tasks_per_rank is not None
     assert cfg.rollout.tasks_per_rank * TARGETS["ranks"] == cfg.rollout.batch_tasks
+
+
+def test_a_model_shape_from_its_config_json_else_from_its_name(tmp_path):
+    """The dry run's shapes: every shipped config's placeholder paths name the shapes memory_targets.yaml states;
+    a model directory is matched by its config.json, dimension for dimension."""
+    for name, entry in TARGETS["configs"].items():
+        cfg = memory_plan.load_train_config(TRAIN / name)
+        assert model_shape(cfg.student.model, None)[0] == entry["student"], name
+        assert model_shape(cfg.teacher, None)[0] == entry["teacher"], name
+    assert model_shape("Qwen/Qwen3-8B", None) == ("Qwen3-8B", "from its name; the model is not here")
+    assert model_shape("/models/my-model", None)[0] is None
+    arch, h, heads, kv, hd, inter, layers, vocab, tied = ("qwen3", 2048, 16, 8, 128, 6144, 28, 151936, True)
+    config = {"model_type": arch, "hidden_size": h, "num_attention_heads": heads, "num_key_value_heads": kv,
+              "head_dim": hd, "intermediate_size": inter, "num_hidden_layers": layers, "vocab_size": vocab,
+              "tie_word_embeddings": tied}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert model_shape("/models/renamed", tmp_path)[0] == "Qwen3-1.7B"  # the config, not the name
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    shape, why = model_shape("Qwen/Qwen3-1.7B", tmp_path)
+    assert shape is None and "none of the measured" in why

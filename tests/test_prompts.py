@@ -7,6 +7,8 @@ import pytest
 
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
+from actfirst.envs.scienceworld.transition import ScienceWorldTransition
+from actfirst.envs.webshop.transition import WebShopTransition
 from actfirst.models.tokenizers import build_qwen3_tokenizer
 from actfirst.rollout.prompts import Mode, PromptTooLong, Step, build_prompt, render
 
@@ -66,12 +68,13 @@ CURRENT = {
     "alfworld": Transition(observation="You arrive at countertop 1. On the countertop 1, you see a mug 1.",
                            admissible=("go to fridge 1", "take mug 1 from countertop 1"), score=0, done=False,
                            won=False, task_description="put a clean mug in countertop."),
-    "scienceworld": Transition(observation="This room is called the kitchen.", admissible=("look around",), score=0,
-                               done=False, won=False, task_description="Your task is to boil water.",
-                               templates=("look around", "go to LOC"), objects=("kitchen", "pot")),
-    "webshop": Transition(observation="WebShop [SEP] Instruction: [SEP] red shirt [SEP] Search",
-                          admissible=("back to search", "b09abc1234"), score=0, done=False, won=False,
-                          task_description="red shirt", has_search_bar=True),
+    "scienceworld": ScienceWorldTransition(observation="This room is called the kitchen.",
+                                           admissible=("look around",), score=0, done=False, won=False,
+                                           task_description="Your task is to boil water.",
+                                           templates=("look around", "go to LOC"), objects=("kitchen", "pot")),
+    "webshop": WebShopTransition(observation="WebShop [SEP] Instruction: [SEP] red shirt [SEP] Search",
+                                 admissible=("back to search", "b09abc1234"), score=0, done=False, won=False,
+                                 task_description="red shirt", has_search_bar=True),
 }
 # How each benchmark's admissible-action fields (Benchmark.prompt_fields) appear in the prompt.
 ACTION_FIELDS = {

@@ -12,6 +12,7 @@ from actfirst.core.schema import load_config
 from actfirst.core.user_input import ConfigError
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import BENCHMARKS, get_benchmark
+from actfirst.envs.webshop.transition import WebShopTransition
 from actfirst.models.tokenizers import build_qwen3_tokenizer
 from actfirst.rollout.prompts import Mode, PromptTooLong, Step, build_prompt
 
@@ -194,8 +195,8 @@ WEBSHOP_ASK = (
 
 
 def webshop_at(observation, clickables, search_bar=False):
-    return Transition(observation=observation, admissible=clickables, score=0, done=False, won=False,
-                      task_description=WEBSHOP_TASK, has_search_bar=search_bar)
+    return WebShopTransition(observation=observation, admissible=clickables, score=0, done=False, won=False,
+                             task_description=WEBSHOP_TASK, has_search_bar=search_bar)
 
 
 def test_webshop_first_step_is_e2s_first_template(tokenizer):

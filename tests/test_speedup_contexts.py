@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from actfirst.core.config import EngineConfig, RolloutSpeedupConfig
+from actfirst.core.config import EngineConfig
 from actfirst.envs.alfworld.config import ALFWorldConfig
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from rollout_speedup_config import RolloutSpeedupConfig  # noqa: E402
 from speedup_contexts import alfworld_contexts, proportional_sample  # noqa: E402
 
 ITEMS = [("A", i) for i in range(6)] + [("B", i) for i in range(3)] + [("C", 0)]

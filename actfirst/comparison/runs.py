@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import multiprocessing as mp
 import re
@@ -34,8 +35,11 @@ from typing import Any
 from actfirst.comparison.tables import CHECKPOINT_EVALS, fixed_threshold, run_dir
 from actfirst.core.config import DEMO_CONFIG, ConfigError, TrainConfig
 from actfirst.core.files import write_atomically
+from actfirst.core.logs import current_log_dir, setup_logging
 from actfirst.core.threads import thread_counts
 from actfirst.train.plots import read_records
+
+logger = logging.getLogger(__name__)
 
 THRESHOLD = "threshold.json"
 """What the comparison fixed before training: the threshold, the warm start's and the teacher's evaluations."""
@@ -79,7 +83,7 @@ def fix_threshold(config: str | None, overrides: dict[str, list[str]], out: Path
            f"given; warm start {warm_sr:.1f}%, teacher {teacher_sr:.1f}%")
     fixed = {"setting": setting, "threshold": threshold, "how": how, "fixed_at": time.time(), **rows}
     write_atomically(path, json.dumps(fixed, indent=1) + "\n")
-    print(f"[compare] same-SR threshold {threshold:.1f}% ({how}), fixed before training: {path}", flush=True)
+    logger.info(f"[compare] same-SR threshold {threshold:.1f}% ({how}), fixed before training: {path}")
     return fixed
 
 
@@ -99,9 +103,10 @@ def prepare_and_evaluate(config: str | None, overrides: dict[str, list[str]], wh
 
 
 def in_child(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` in a fresh spawned process (not a daemon: the evaluation starts environment workers);
-    returns its result, raises its exception."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn")) as pool:
+    """``fn(*args, **kwargs)`` in a fresh spawned process (not a daemon: the evaluation starts environment workers)
+    that logs as this one does; returns its result, raises its exception."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("spawn"), initializer=setup_logging,
+                             initargs=(current_log_dir(),)) as pool:
         return pool.submit(fn, *args, **kwargs).result()
 
 
@@ -164,8 +169,8 @@ def evaluate_models(config: str | None, overrides: Sequence[str], models: list[t
                     with rows.open("a") as f:
                         f.write(json.dumps(row, default=str) + "\n")
                 eta = (time.perf_counter() - started) / (i + 1) * (len(models) - i - 1)
-                print(f"[compare] evaluated {name} {update} ({model}): SR {row['summary']['SR']['mean']:.1f}% in "
-                      f"{wall:.0f} s; {i + 1}/{len(models)}, ETA {eta:.0f} s", flush=True)
+                logger.info(f"[compare] evaluated {name} {update} ({model}): SR {row['summary']['SR']['mean']:.1f}% "
+                            f"in {wall:.0f} s; {i + 1}/{len(models)}, ETA {eta:.0f} s")
 
     asyncio.run(play_all())
     return out

@@ -1,6 +1,6 @@
-"""Method tables in the layout of the paper's Tables 1-3: any rollout strategies under one training config, each
-trained under several training seeds (``python -m actfirst.compare`` trains and evaluates the runs,
-``actfirst.comparison.runs``; this module reads them and writes the tables).
+"""The comparison's tables, read from the runs that ``python -m actfirst.compare`` trains and evaluates
+(``actfirst.comparison.runs``): any rollout strategies under one training config, each trained under several
+training seeds, in the layout of the paper's Tables 1-3.
 
 A run's SR curve comes from its checkpoints, evaluated after training on the same episodes for every checkpoint of
 every run (``checkpoint_evals.jsonl``), its first point the warm start's evaluation (update 0, 0 s of training); a
@@ -14,8 +14,9 @@ wall-clock is C.3's final ``train_s`` (``wall_clock.json``). One row per method,
   run, mean over seeds (with the asynchronous pipeline the phases overlap: they need not add up to the wall-clock).
 - Speedup over Vanilla OPD at the same updates: the paired per-seed log ratio log(T_vanilla,s / T_method,s) over
   the seeds both finished, its mean m and SD s over n seeds; reported as exp(m) with the Student t interval
-  exp(m -+ t_{0.975, n-1} s / sqrt(n)) (:func:`paired_ratio`). A percentile bootstrap of the ratio of mean times
-  (each method's seeds resampled on their own) stands beside it as a cross-check only.
+  exp(m -+ t_{0.975, n-1} s / sqrt(n)) (``actfirst.evaluation.stats.paired_ratio``). A percentile bootstrap of the
+  ratio of mean times (each method's seeds resampled on their own, ``stats.speedup_interval``) stands beside it as a
+  cross-check only.
 - Same SR: the threshold fixed before any run trained (``compare.threshold``, :func:`fixed_threshold`), each run's
   time to it (its first checkpoint at or above it, no interpolation: :func:`time_to_threshold`), and the paired
   interval of the speedup there over the seeds where both methods reach it; a seed where either never reaches it
@@ -47,7 +48,15 @@ import numpy as np
 from actfirst.core.config import RESUMABLE_CHANGES, ConfigError, TrainConfig, check_resumable
 from actfirst.core.files import write_atomically
 from actfirst.core.schema import to_dict
-from actfirst.evaluation.report import _finite, mean_sd
+from actfirst.evaluation.report import _finite
+from actfirst.evaluation.stats import (
+    BOOTSTRAP_RESAMPLES,
+    BOOTSTRAP_SEED,
+    CONFIDENCE,
+    mean_sd,
+    paired_ratio,
+    speedup_interval,
+)
 from actfirst.rollout.strategies import StrategyLabels
 from actfirst.train.plots import new_figure, read_records, read_wall_clock, save_figure
 
@@ -55,11 +64,6 @@ METHODS = StrategyLabels()
 """The paper's name of each strategy (its class's ``label``)."""
 BASELINE = "vanilla"
 EVAL_METRICS = ("SR", "Score", "Round")
-CONFIDENCE = 0.95
-"""The intervals' level."""
-BOOTSTRAP_RESAMPLES = 10_000
-BOOTSTRAP_SEED = 0
-"""The bootstrap's RNG seed: the same runs give the same table."""
 COMPARISON_SIZE = (7.0, 4.5)
 """Inches of ``comparison.png``."""
 PANEL_SIZE = (4.0, 3.2)
@@ -182,52 +186,6 @@ def sr_error_bars(curve: list[dict[str, Any]]) -> list[list[float]]:
             below.append(max(0.0, p["SR"] - lo) if lo is not None else 0.0)
             above.append(max(0.0, hi - p["SR"]) if hi is not None else 0.0)
     return [below, above]
-
-
-def t_quantile(p: float, df: int) -> float:
-    """The ``p`` quantile (p > 0.5) of Student's t with ``df`` degrees of freedom: the t at which the two-sided tail
-    ``I_{df/(df+t^2)}(df/2, 1/2)`` is ``2(1 - p)``, by bisection (float64; no SciPy here)."""
-    if not 0.5 < p < 1 or df < 1:
-        raise ValueError(f"t_quantile(p={p}, df={df}): needs 0.5 < p < 1 and df >= 1")
-    low, high = 0.0, 1e7
-    for _ in range(200):
-        mid = (low + high) / 2
-        if _incomplete_beta(df / (df + mid * mid), df / 2, 0.5) > 2 * (1 - p):
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
-
-
-def paired_ratio(baseline: dict[int, float], method: dict[int, float], *,
-                 level: float = CONFIDENCE) -> dict[str, Any]:
-    """The paired speedup over the seeds both hold: per seed the log ratio log(baseline / method), their mean m and
-    sample SD s over n seeds; the ratio exp(m) and its Student t interval exp(m -+ t_{n-1} s / sqrt(n)) (None with
-    fewer than two seeds)."""
-    seeds = sorted(set(baseline) & set(method))
-    logs = [math.log(baseline[k] / method[k]) for k in seeds if baseline[k] > 0 and method[k] > 0]
-    if len(logs) != len(seeds) or not seeds:
-        return {"ratio": None, "ci95": None, "seeds": seeds, "log_ratios": logs, "log_sd": None}
-    mean = math.fsum(logs) / len(logs)
-    if len(logs) < 2:
-        return {"ratio": math.exp(mean), "ci95": None, "seeds": seeds, "log_ratios": logs, "log_sd": None}
-    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
-    half = t_quantile(0.5 + level / 2, len(logs) - 1) * sd / math.sqrt(len(logs))
-    return {"ratio": math.exp(mean), "ci95": [math.exp(mean - half), math.exp(mean + half)], "seeds": seeds,
-            "log_ratios": logs, "log_sd": sd}
-
-
-def speedup_interval(baseline: Sequence[float], method: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES,
-                     seed: int = BOOTSTRAP_SEED) -> list[float] | None:
-    """The cross-check beside :func:`paired_ratio`: the 95% percentile-bootstrap interval of mean(baseline) /
-    mean(method), each sample resampled with replacement on its own (unpaired; too narrow with few seeds); None when
-    either has fewer than two values."""
-    if min(len(baseline), len(method)) < 2:
-        return None
-    rng = np.random.default_rng(seed)
-    means = [np.asarray(x, dtype=float)[rng.integers(0, len(x), (resamples, len(x)))].mean(axis=1)
-             for x in (baseline, method)]
-    return [float(v) for v in np.percentile(means[0] / means[1], [2.5, 97.5])]
 
 
 def fixed_threshold(setting: str | float, warm_start_sr: float | None, teacher_sr: float | None) -> float:
@@ -535,37 +493,6 @@ def _pm(stat: dict[str, Any] | None, spec: str = ".1f") -> str:
     if not stat or _missing(stat.get("mean")):
         return "n/a"
     return f"{stat['mean']:{spec}} ± {_fmt(stat.get('sd'), spec)}"
-
-
-def _incomplete_beta(x: float, a: float, b: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Lentz's method)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1) / (a + b + 2):
-        return front * _beta_fraction(x, a, b) / a
-    return 1.0 - front * _beta_fraction(1.0 - x, b, a) / b
-
-
-def _beta_fraction(x: float, a: float, b: float) -> float:
-    tiny = 1e-300
-
-    def guard(v: float) -> float:
-        return v if abs(v) > tiny else tiny
-
-    c, d = 1.0, 1.0 / guard(1.0 - (a + b) * x / (a + 1))
-    h = d
-    for m in range(1, 1000):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 / guard(1.0 + num * d)
-            c = guard(1.0 + num / c)
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
 
 
 def _threads(path: Path) -> dict[str, Any] | None:

@@ -14,12 +14,11 @@ from typing import Any, Literal
 
 from actfirst.core.schema import check, check_dir, paths_checked, to_dict, type_from
 from actfirst.core.user_input import ConfigError, check_exists
-from actfirst.envs.alfworld.config import ALFWorldConfig
-from actfirst.envs.benchmarks import BENCHMARKS
+from actfirst.envs.benchmarks import BENCHMARKS, import_benchmark_module
 from actfirst.models.hub import is_hub_id
 from actfirst.rollout.prompts import PromptSet
 from actfirst.rollout.strategies import STRATEGIES, TCODConfig, UOPDConfig
-from actfirst.train.trackers import check_report_to
+from actfirst.train.trackers import check_report_to, report_to_list
 
 DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo" / "scienceworld_lifespan.yaml"
 """The CPU demo's config (``python -m actfirst.run`` with no ``--config``)."""
@@ -114,66 +113,6 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         check(self.b_max >= 1, "b_max", self.b_max, "must be >= 1")
         check(self.reserved_fast_slots >= 0, "reserved_fast_slots", self.reserved_fast_slots, "must be >= 0")
-
-
-
-
-@dataclasses.dataclass(kw_only=True, slots=True)
-class RolloutSpeedupConfig:
-    """The rollout-efficiency experiment (paper Sec. 5.4, Appendix C.5, Table 8, Figure 3a/b)."""
-
-    engine: EngineConfig
-    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
-    num_tasks: int = 16
-    """N, tasks per batch."""
-    num_batches: int = 1
-    """Batches of N tasks per repeat (the paper uses 64 batches of 16 = 1,024 contexts)."""
-    contexts: Literal["synthetic", "alfworld"] = "synthetic"
-    """``alfworld``: the first turn of ALFWorld training games, proportional by type (Fig. 3(a); ``alfworld``
-    says which games); ``synthetic``: ALFWorld-like text of ``context_tokens`` tokens (a quick check)."""
-    alfworld: ALFWorldConfig | None = None
-    """With ``contexts: alfworld``: which games (``games: real`` or ``generated``)."""
-    context_tokens: tuple[int, int] = (300, 600)
-    """Range of context lengths (tokens) drawn for ``synthetic`` contexts."""
-    fast_action_tokens: int = 16
-    full_response_tokens: list[int] = dataclasses.field(default_factory=lambda: [128, 512])
-    b_max: list[int] = dataclasses.field(default_factory=lambda: [16, 32, 64, 128, 256])
-    turns: list[int] = dataclasses.field(default_factory=lambda: [4])
-    """Virtual turns T swept for Figure 3a (every b_max) ..."""
-    turns_sweep: list[int] = dataclasses.field(default_factory=lambda: [1, 2, 4, 8])
-    """... and T swept at the largest b_max for Figure 3b."""
-    repeats: int = 3
-    """Paired repeats, strategy order alternated."""
-    admission_policies: list[str] = dataclasses.field(default_factory=lambda: ["wait", "reserve", "preempt"])
-    """Fast-action admission policies compared (at every b_max, the first full-response length, T = turns[0])."""
-    concurrency_sweep: list[int] = dataclasses.field(default_factory=lambda: [1, 4, 16, 64, 128, 256])
-    """Concurrencies of the peak-decode-rate sweep behind the throughput bound."""
-    temperature: float = 1.0
-    seed: int = 42
-    out_dir: str = "runs/rollout_speedup"
-
-    def __post_init__(self) -> None:
-        for name in ("num_tasks", "num_batches", "fast_action_tokens", "repeats"):
-            check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
-        lo, hi = self.context_tokens
-        check(1 <= lo <= hi, "context_tokens", self.context_tokens, "must be (lo, hi) with 1 <= lo <= hi")
-        for name in ("full_response_tokens", "b_max", "turns", "turns_sweep", "concurrency_sweep"):
-            values = getattr(self, name)
-            check(len(values) > 0 and all(v >= 1 for v in values), name, values,
-                  "must be a non-empty list of ints >= 1")
-        for policy in self.admission_policies:
-            check(policy in ("wait", "reserve", "preempt"), "admission_policies", self.admission_policies,
-                   "entries must be 'wait', 'reserve' or 'preempt'")
-        check(max(self.b_max) <= self.engine.max_num_seqs, "b_max", self.b_max,
-               f"must not exceed engine.max_num_seqs={self.engine.max_num_seqs}")
-        check(max(self.concurrency_sweep) <= self.engine.max_num_seqs, "concurrency_sweep", self.concurrency_sweep,
-               f"must not exceed engine.max_num_seqs={self.engine.max_num_seqs}")
-        need = hi + max(self.full_response_tokens) + 1
-        check(need <= self.engine.max_model_len, "full_response_tokens", self.full_response_tokens,
-               f"context_tokens[1] + full response = {need} exceeds engine.max_model_len={self.engine.max_model_len}")
-        check(self.temperature > 0, "temperature", self.temperature, "must be > 0")
-        check(self.contexts != "alfworld" or self.alfworld is not None, "alfworld", self.alfworld,
-               "contexts: alfworld needs an alfworld: section saying which games (games: real or generated)")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -472,7 +411,9 @@ class ParallelConfig:
 
 def env_section_type(values: dict[str, Any]) -> Any:
     """The type of a config's ``env:`` (a training config's, ``actfirst.teacher.sft``'s), from its ``benchmark``
-    (None for none or an unknown one: the config's own check names it)."""
+    (None for none or an unknown one: the config's own check names it), once its ``benchmark_module`` (if any) is
+    imported."""
+    import_benchmark_module(values.get("benchmark_module"))
     name = values.get("benchmark")
     return BENCHMARKS[name].config_class | None if name in BENCHMARKS else None
 
@@ -505,9 +446,13 @@ class TrainConfig:
 
     benchmark: str
     """A registered benchmark's name (``actfirst.envs.benchmarks.BENCHMARKS``)."""
+    benchmark_module: str | None = None
+    """A module that registers ``benchmark`` when imported, for a benchmark defined outside ``actfirst/envs`` (a
+    dotted name importable from the working directory or ``PYTHONPATH``; ``tests/toy/train.yaml``); every process of
+    the run imports it (ranks, preparation, environment workers). null: a built-in benchmark."""
     env: Any = dataclasses.field(default=None, metadata=type_from(env_section_type))
     """The benchmark's environment section, of its ``Benchmark.config_class`` (absent or null: its default file,
-    configs/envs/<benchmark>.yaml)."""
+    actfirst/envs/<benchmark>/<benchmark>.yaml)."""
     student: EngineConfig
     """The student: its Hugging Face directory and the in-process vLLM engine serving it."""
     teacher: str
@@ -571,17 +516,20 @@ class TrainConfig:
     """vLLM's own log lines on the console from this level up; all of them (INFO and up) go to
     ``<out_dir>/logs/vllm_rank<r>.log``."""
     prepare: PrepareConfig = dataclasses.field(default_factory=PrepareConfig)
-    report_to: list[str] = dataclasses.field(default_factory=lambda: ["tensorboard"])
+    report_to: list[str] | str = dataclasses.field(default_factory=lambda: ["tensorboard"])
     """Trackers that receive every update's metrics, the config and the training curve (rank 0 only):
-    ``tensorboard``, ``wandb``, ``trackio`` (``actfirst.train.trackers``); ``[]``: none. ``metrics.jsonl`` is always
-    written."""
+    ``tensorboard``, ``wandb``, ``trackio`` (``actfirst.train.trackers``); ``[]`` or ``none``: none; ``all``: every
+    installed one; one name alone as TRL takes it (a list once loaded). ``metrics.jsonl`` is always written."""
     tracker_project: str = "actfirst"
     """The wandb / Trackio project (the run's name there: its out_dir's last part)."""
     seed: int = 0
     out_dir: str = "runs/train"
 
     def __post_init__(self) -> None:
-        check(self.benchmark in BENCHMARKS, "benchmark", self.benchmark, f"must be one of {sorted(BENCHMARKS)}")
+        import_benchmark_module(self.benchmark_module)
+        check(self.benchmark in BENCHMARKS, "benchmark", self.benchmark, f"must be one of {sorted(BENCHMARKS)}"
+              + ("" if self.benchmark_module is None else f" (benchmark_module={self.benchmark_module!r} registers "
+                                                          f"no benchmark of this name)"))
         benchmark = BENCHMARKS[self.benchmark]
         check(self.env is None or isinstance(self.env, benchmark.config_class), "env", self.env,
                f"must be a {benchmark.config_class.__name__} (the config of benchmark={self.benchmark!r})")
@@ -603,6 +551,7 @@ class TrainConfig:
         check(self.teacher_revision is None or bool(self.teacher_revision.strip()), "teacher_revision",
               self.teacher_revision, "must name a branch, tag or commit (or be null)")
         check(bool(self.out_dir.strip()), "out_dir", self.out_dir, "must name a directory")
+        self.report_to = report_to_list(self.report_to)
         check_report_to(self.report_to)
         check(bool(self.tracker_project.strip()), "tracker_project", self.tracker_project, "must name a project")
         check(self.references is None or bool(self.references.strip()), "references", self.references,

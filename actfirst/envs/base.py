@@ -20,9 +20,9 @@ class Transition:
     """What one reset or step returns.
 
     ``admissible`` is the full list used for action validation (ALFWorld: without help; WebShop: the clickable
-    targets, lowercased, plus ``search[...]`` availability in ``has_search_bar``); None where the episode was reset
-    with ``admissible=False`` and the environment left it out (ScienceWorld: ``TextEnv.admissible`` builds it when
-    asked). ``templates``/``objects`` are ScienceWorld's action templates and possible objects shown in its prompts.
+    targets, lowercased); None where the episode was reset with ``admissible=False`` and the environment left it out
+    (ScienceWorld: ``TextEnv.admissible`` builds it when asked). What only one benchmark has (ScienceWorld's action
+    templates, WebShop's search bar) is in that benchmark's subclass, its ``Benchmark.transition_class``.
     """
 
     observation: str
@@ -41,9 +41,6 @@ class Transition:
     truncated: bool = False
     """The turn limit was reached without termination."""
     task_description: str = ""
-    templates: tuple[str, ...] = ()
-    objects: tuple[str, ...] = ()
-    has_search_bar: bool = False
 
     @property
     def finished(self) -> bool:
@@ -54,6 +51,8 @@ class Transition:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Transition:
+        """The transition of ``to_dict``'s mapping; keys this class does not have are left out (a reference cache
+        written when every transition carried every benchmark's fields)."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names})
 
@@ -140,13 +139,14 @@ class Reference:
                            "transitions": [t.to_dict() for t in self.transitions]})
 
     @classmethod
-    def from_json(cls, line: str) -> Reference:
-        return cls.from_dict(json.loads(line))
+    def from_json(cls, line: str, transition_class: type[Transition] = Transition) -> Reference:
+        return cls.from_dict(json.loads(line), transition_class)
 
     @classmethod
-    def from_dict(cls, data: dict) -> Reference:
-        """The reference of one cache line's object (``KeyError``/``TypeError`` when it is not one)."""
+    def from_dict(cls, data: dict, transition_class: type[Transition] = Transition) -> Reference:
+        """The reference of one cache line's object, its transitions of ``transition_class`` (its benchmark's
+        ``Benchmark.transition_class``); ``KeyError``/``TypeError`` when it is not one."""
         if not isinstance(data["actions"], list) or not isinstance(data["transitions"], list):
             raise TypeError("actions and transitions must be lists")
-        return cls(str(data["task"]), data["actions"], [Transition.from_dict(t) for t in data["transitions"]],
-                   data["source"])
+        return cls(str(data["task"]), data["actions"],
+                   [transition_class.from_dict(t) for t in data["transitions"]], data["source"])

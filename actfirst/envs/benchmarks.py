@@ -1,9 +1,9 @@
 """The benchmark API: the ``Benchmark`` base class, the registry of benchmarks by name, ``EnvSpec`` and task selection.
 
 A benchmark is one package, ``actfirst.envs.<name>`` (alfworld, scienceworld, webshop, search): its typed config
-(``configs/envs/<name>.yaml``), environment, transition check, prompt templates and its ``Benchmark`` subclass,
-which the package registers with :func:`register_benchmark`. Everything that differs between benchmarks lives in
-that subclass::
+(default file: ``<name>.yaml`` in the package, package data), environment, transition check, prompt templates and its
+``Benchmark`` subclass, which the package registers with :func:`register_benchmark`. Everything that differs between
+benchmarks lives in that subclass::
 
     benchmark = get_benchmark("scienceworld")              # or get_benchmark("alfworld", ALFWorldConfig(...))
     env = benchmark.make_env()                              # exactly the configured environment
@@ -12,7 +12,9 @@ that subclass::
     result = benchmark.check(reference, t, action=a, current=cur, next=nxt, previous=result)   # Appendix B.5
 
 A benchmark defined elsewhere (a test's, a user's) registers the same way and is then known by name everywhere
-(``benchmark:`` in a training config, ``get_benchmark``); its worker processes receive its class by reference.
+(``benchmark:`` in a training config, ``get_benchmark``) once its module is imported: a training config names that
+module in ``benchmark_module:`` (:func:`import_benchmark_module`), which every process of the run imports; its worker
+processes receive its class by reference, which imports the module there before the environment is built.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import inspect
+import logging
+import os
 import pkgutil
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,21 +34,26 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from actfirst.core.schema import load_config
 from actfirst.core.user_input import ConfigError
 from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
-from actfirst.envs.checks import CheckResult
+from actfirst.envs.checks import PASSED, CheckResult, normalize_text
 from actfirst.envs.response_format import ACTION_TAGS, ResponseFormat
 from actfirst.preparation.downloads import BenchmarkData
 
 if TYPE_CHECKING:
     from actfirst.envs.workers import EnvWorker
 
+logger = logging.getLogger(__name__)
+
 SPLITS = ("train", "eval")
-CONFIG_DIR = Path(__file__).parents[2] / "configs" / "envs"
+FORMER_CONFIG_DIR = ("configs", "envs")
+"""Where the built-in benchmarks' files were before they moved into their packages: ``configs/envs/<name>.yaml`` and
+``configs/envs/<name>/<file>`` (WebShop's goal pools), now ``actfirst/envs/<name>/`` (:func:`moved_file`)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class EnvSpec:
     """What a worker process needs to build a benchmark's environment (picklable): the benchmark, its class (pickled
-    by reference, so that a spawned worker needs no registry of its own) and its config.
+    by reference: a spawned worker imports the module that defines it, and needs no registry of its own) and its
+    config.
 
     There is no turn-limit override for the reference builder: an environment's turn limit only marks a step
     ``truncated`` and never ends an episode (ScienceWorld's own step limit is 10 x max_turns + 100), so references
@@ -74,8 +84,9 @@ class Benchmark(abc.ABC):
     """The benchmark's name (``benchmark:`` in a training config)."""
     config_class: ClassVar[type]
     """Its config section (``env:`` in a training config): a ``kw_only`` dataclass checked in ``__post_init__``."""
-    config_dir: ClassVar[Path] = CONFIG_DIR
-    """Where its default config file ``<name>.yaml`` is."""
+    transition_class: ClassVar[type[Transition]] = Transition
+    """What its environment's reset and step return, and what its reference cache's transitions are read back as: a
+    subclass of ``Transition`` where the benchmark has per-step data of its own (ScienceWorld's action templates)."""
     templates: ClassVar[Mapping[Any, tuple[str, str, str, str]]] = {}
     """B.1's prompt templates per ``actfirst.rollout.prompts.Mode``: (head, with-history block, no-history block, tail),
     the admissible-action fields filled from :meth:`prompt_fields` (none where the observation is the whole prompt)."""
@@ -101,9 +112,20 @@ class Benchmark(abc.ABC):
     state_source: ClassVar[str | None] = None
     """What the environment's state (``TextEnv.state``) holds for C.5's state-action pairs; None: no state, so no
     rollout-quality measurement."""
+    worker_mib: ClassVar[int | None] = None
+    """Resident host memory of one environment worker (its process and what it starts, ScienceWorld's JVM), MiB, as
+    measured with 16 workers (``bench/env_throughput.py``, bench/RESULTS.md); None: not measured. A run holds one
+    worker per episode in flight (``actfirst.parallel.host_memory``)."""
     data: ClassVar[BenchmarkData | None] = None
     """What ``python -m actfirst.data <name>`` fetches and where it puts it (``actfirst/envs/<name>/data.py``); None:
     the benchmark declares no data."""
+
+    @classmethod
+    def environment_text(cls) -> list[str]:
+        """Text of this benchmark's environment and prompts for the small ``env-bpe`` tokenizer of models built from
+        scratch (``actfirst.models.build.environment_corpus``), read from what its simulator's package ships (no
+        download); none by default."""
+        return []
 
     def __init__(self, config: Any):
         if not isinstance(config, self.config_class):
@@ -128,6 +150,11 @@ class Benchmark(abc.ABC):
     def prompt_fields(self, current: Transition) -> dict[str, str]:
         """The admissible-action fields of this benchmark's B.1 templates, from the current transition."""
 
+    def action_commands(self, current: Transition) -> tuple[str, ...]:
+        """The action commands its prompt lists apart from the admissible actions, the same at every step of an
+        episode (ScienceWorld's action templates); none by default."""
+        return ()
+
     def reference_observation(self, observation: str) -> str:
         """A reference next observation as the inverse-dynamics prompt shows it (unchanged but on WebShop)."""
         return observation
@@ -148,15 +175,38 @@ class Benchmark(abc.ABC):
               previous: CheckResult | None = None) -> CheckResult:
         """The B.5 check of the student's turn ``t`` (0-based: from ``current`` by ``action`` to ``next``) against
         the reference's turn ``t``; ``previous`` is this episode's previous check result. Past the reference's last
-        action there is nothing to match: the check fails with reason "reference exhausted"."""
+        action there is nothing to match: the check fails with reason "reference exhausted". A benchmark without
+        reference trajectories (no ``fast_actions``) has nothing to check against: ``NotImplementedError``."""
+        if not self.fast_actions:
+            raise NotImplementedError(f"benchmark {self.name!r} has no reference trajectories to check against (B.5)")
         if t >= len(reference.actions):
             return CheckResult(False, "reference exhausted")
         return self._check(reference, t, action=action, current=current, next=next, previous=previous)
 
-    @abc.abstractmethod
     def _check(self, reference: Reference, t: int, *, action: str, current: Transition, next: Transition,
                previous: CheckResult | None) -> CheckResult:
-        """``check`` for a turn the reference covers."""
+        """``check`` for a turn the reference covers: B.5's conditions in order, each failure named. The action is
+        valid in ``current`` (:meth:`valid_action`); the termination flags agree; the next observations are equal
+        under :meth:`normalize_observation`; then the benchmark's own conditions (:meth:`_check_next`). A benchmark
+        whose check departs from this order (WebShop's search-results exception) overrides it."""
+        ref_next = reference.transitions[t + 1]
+        if not self.valid_action(action, current):
+            return CheckResult(False, "invalid action")
+        if next.done != ref_next.done:
+            return CheckResult(False, "termination mismatch")
+        if self.normalize_observation(next.observation) != self.normalize_observation(ref_next.observation):
+            return CheckResult(False, "observation mismatch")
+        return self._check_next(next, ref_next)
+
+    def normalize_observation(self, observation: str) -> str:
+        """An observation as the check compares it: B.5's normalization (``normalize_text``), unless the benchmark
+        adds its own rules (ScienceWorld's sorted enumerations)."""
+        return normalize_text(observation)
+
+    def _check_next(self, next: Transition, ref_next: Transition) -> CheckResult:
+        """The benchmark's own B.5 conditions on the student's and the reference's next transitions, once the common
+        ones hold (ALFWorld: the admissible sets; ScienceWorld: the action templates); none by default."""
+        return PASSED
 
     @abc.abstractmethod
     def task_key(self, task: Any) -> str:
@@ -180,6 +230,11 @@ class Benchmark(abc.ABC):
     @abc.abstractmethod
     def _tasks(self, split: str) -> list:
         """``tasks`` for a known split."""
+
+    def made_at_start(self) -> str | None:
+        """What the run makes of this benchmark's tasks before it can list them (games generated offline), in one
+        line for a dry run, which lists tasks only where nothing is to be made; None: nothing."""
+        return None
 
     def succeeded(self, transition: Transition) -> bool:
         """C.1 success of an episode's final transition (each environment sets ``won`` by C.1's rule)."""
@@ -253,6 +308,19 @@ BENCHMARKS = Registry()
 """Every known benchmark by name."""
 
 
+def import_benchmark_module(module: str | None, key: str = "benchmark_module") -> None:
+    """Import ``module`` (a dotted module name, found on ``sys.path``: the working directory of ``python -m``, or
+    ``PYTHONPATH``), which registers a benchmark defined outside ``actfirst/envs`` (None: nothing). One that cannot be
+    imported is a :class:`ConfigError` naming ``key`` and the error."""
+    if module is None:
+        return
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise ConfigError(f"{key}={module!r}: cannot import it ({type(e).__name__}: {e}); give a module importable "
+                          f"from the working directory or PYTHONPATH") from None
+
+
 def register_benchmark(cls: type[Benchmark]) -> type[Benchmark]:
     """Make ``cls`` known by its name (a class decorator; a benchmark package applies it to its ``Benchmark``)."""
     BENCHMARKS.add(cls)
@@ -260,8 +328,28 @@ def register_benchmark(cls: type[Benchmark]) -> type[Benchmark]:
 
 
 def config_path(name: str) -> Path:
-    """The default config file of benchmark ``name``: ``<config_dir>/<name>.yaml`` (``configs/envs/<name>.yaml``)."""
-    return benchmark_class(name).config_dir / f"{name}.yaml"
+    """The default config file of benchmark ``name``: ``<name>.yaml`` beside the module that defines its class (a
+    built-in benchmark's package data: ``actfirst/envs/<name>/<name>.yaml``)."""
+    return Path(inspect.getfile(benchmark_class(name))).parent / f"{name}.yaml"
+
+
+def moved_file(path: str | os.PathLike) -> Path:
+    """``path``; or, where it names a file under ``configs/envs/`` that is no longer there, the same file where it is
+    now, in its benchmark's package (``configs/envs/alfworld.yaml`` -> ``actfirst/envs/alfworld/alfworld.yaml``,
+    ``configs/envs/webshop/003-train.txt`` -> ``actfirst/envs/webshop/003-train.txt``), so that configs and command
+    lines written before the move still work; a warning names the new place."""
+    given = Path(path)
+    parts = given.parts
+    at = next((i for i in range(len(parts) - 2) if parts[i:i + 2] == FORMER_CONFIG_DIR), None)
+    if given.exists() or at is None:
+        return given
+    rest = parts[at + 2:]
+    here = Path(__file__).parent
+    moved = here / Path(rest[0]).stem / rest[0] if len(rest) == 1 else here.joinpath(*rest)
+    if not moved.is_file():
+        return given
+    logger.warning("%s: moved into its benchmark's package, read from %s (name that path instead)", path, moved)
+    return moved
 
 
 def benchmark_class(name: str) -> type[Benchmark]:
@@ -278,9 +366,10 @@ def get_benchmark(name: str, config: Any = None) -> Benchmark:
 
 
 def load_benchmark(name: str, path: str | Path | None = None, overrides: list[str] | None = None) -> Benchmark:
-    """Benchmark ``name`` with its config read from ``path`` (None: the default file) plus dotted overrides."""
+    """Benchmark ``name`` with its config read from ``path`` (None: the default file; a former ``configs/envs/``
+    path: :func:`moved_file`) plus dotted overrides."""
     cls = benchmark_class(name)
-    return cls(load_config(cls.config_class, config_path(name) if path is None else path, overrides))
+    return cls(load_config(cls.config_class, config_path(name) if path is None else moved_file(path), overrides))
 
 
 def select_tasks(benchmark: Benchmark, tasks: list, task_types: Sequence[str] | None = None,

@@ -1,11 +1,12 @@
 """Transition consistency checks (paper Sec. 4.2, Appendix B.5): the result and the normalization every benchmark's
-check shares (each benchmark's own check is in its package).
+check shares (the check itself is ``Benchmark.check``, with each benchmark's own conditions in its package).
 
 After a reference-conditioned fast action executes, the check decides whether the observed transition matches the
 reference one; the first failure disables reference guidance for the rest of the rollout (the NAP fallback).
 The checks compare observable text, not simulator state, and never require the action to equal the reference
-action. Retaining guidance requires a valid action, the same termination flag as the reference, and the
-benchmark's own conditions (its package's ``checks``).
+action. Retaining guidance requires a valid action, the same termination flag and the same normalized next
+observation as the reference (``Benchmark._check``, every benchmark's default), and the benchmark's own conditions
+(``Benchmark._check_next``; WebShop's search-results exception overrides ``_check``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``ACTION_TAGS`` is the ActFirst format of the B.1 benchmarks (ALFWorld, ScienceWorld, WebShop): think-then-act
 responses with an ``<action>`` field, no stop string, and B.3's early-stop text when the thinking budget runs out.
-Search (UOPD, Appendix E.3) has its own format in ``actfirst.envs.search_text``. Everything here works on text, never
+Search (UOPD, Appendix E.3) has its own format in ``actfirst.envs.search.text``. Everything here works on text, never
 on token ids of the tags: ``<action>`` is one added token in our small ``env-bpe`` tokenizer but several plain-text
 tokens in Qwen3's.
 """

@@ -1,7 +1,7 @@
-"""Evaluation of a student checkpoint (Appendix C.1, C.4): think-then-act without references, the evaluation
-thinking budget, seeds 42, 43, 44; SR, Score (ScienceWorld, WebShop), Round, mean and sample SD over the seeds,
-overall, per task type (ALFWorld: seen and unseen pooled) and per evaluation split (``Benchmark.task_split``:
-ALFWorld's valid_seen and valid_unseen apart, as Table 1 reports them).
+"""Evaluating a student checkpoint as the run does, the library under ``python -m actfirst.eval`` (Appendix C.1,
+C.4): think-then-act without references, the evaluation thinking budget, seeds 42, 43, 44; SR, Score (ScienceWorld,
+WebShop), Round, mean and sample SD over the seeds, overall, per task type (ALFWorld: seen and unseen pooled) and per
+evaluation split (``Benchmark.task_split``: ALFWorld's valid_seen and valid_unseen apart, as Table 1 reports them).
 
 ::
 
@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
-import sys
+import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -48,6 +48,8 @@ from actfirst.core.files import write_atomically
 from actfirst.core.schema import load_config, paths_unchecked
 from actfirst.envs.benchmarks import Benchmark, get_benchmark
 from actfirst.evaluation.report import EpisodeRecord, EvalReport, response_hash
+
+logger = logging.getLogger(__name__)
 
 EVAL_SEEDS = (42, 43, 44)
 """C.4's evaluation seeds."""
@@ -190,13 +192,12 @@ async def evaluate(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[Any]
                 truncated_responses=sum(r.truncated for r in episode.full_responses), failure=episode.failure,
                 split=benchmark.task_split(tasks[index])))
             if episode.failure is not None:
-                print(f"[eval] seed {seed} task {episode.task}: episode failed ({episode.failure})",
-                      file=sys.stderr, flush=True)
+                logger.warning(f"[eval] seed {seed} task {episode.task}: episode failed ({episode.failure})")
             if progress and (len(records) % every == 0 or len(records) == total):
                 wall = time.perf_counter() - started
                 wins = sum(r.success for r in records)
-                print(f"[eval {benchmark.name}] {len(records)}/{total} episodes, SR so far "
-                      f"{100 * wins / len(records):.1f}, {len(records) / wall:.2f} episodes/s", flush=True)
+                logger.info(f"[eval {benchmark.name}] {len(records)}/{total} episodes, SR so far "
+                            f"{100 * wins / len(records):.1f}, {len(records) / wall:.2f} episodes/s")
 
         await play_jobs(workers, jobs, play)
 
@@ -386,11 +387,11 @@ async def served(engine_cfg: EngineConfig, scheduler_cfg: SchedulerConfig, *,
         await engine.shutdown()
 
 
-def emit_report(report: Any, out: str | None) -> None:
-    """A command's report: its JSON to ``out`` (when given), its table to the console."""
-    if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(out, report.to_json())
-    print(report.table(), flush=True)
-    if out:
-        print(f"wrote {out}", flush=True)
+def save_report(report: Any, out: str | None) -> str:
+    """A command's report: its JSON to ``out`` (when given); returns what the command prints, its table and where
+    the JSON went."""
+    if not out:
+        return report.table()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(out, report.to_json())
+    return f"{report.table()}\nwrote {out}"

@@ -1,5 +1,6 @@
-"""Rollout quality of a frozen checkpoint (Sec. 5.4, Appendix C.5, Figure 4): think-then-act, direct action without
-reference next observations, and ActFirst-OPD's reference-conditioned interaction, played on the same tasks.
+"""Measuring a frozen checkpoint's rollout quality, the library under ``python -m actfirst.rollout_quality`` (Sec.
+5.4, Appendix C.5, Figure 4): think-then-act, direct action without reference next observations, and ActFirst-OPD's
+reference-conditioned interaction, played on the same tasks.
 
 ::
 
@@ -25,7 +26,7 @@ episode whose worker died or whose environment raised counts as a failed task an
 from __future__ import annotations
 
 import dataclasses
-import sys
+import logging
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ from actfirst.evaluation.quality_metrics import (
 
 if TYPE_CHECKING:
     from actfirst.rollout.runner import EpisodeResult
+
+logger = logging.getLogger(__name__)
 
 STRATEGIES = tuple(STRATEGY_LABELS)
 """Figure 4's strategies: think-then-act, direct action, ActFirst-OPD."""
@@ -134,11 +137,10 @@ async def measure_quality(engine, tokenizer, benchmark: Benchmark, tasks: Sequen
             episode = await runners[name].run_episode(tasks[index], worker, seed=base)
             episodes.append(quality_episode(benchmark, name, index, episode))
             if episode.failure is not None:
-                print(f"[quality] {name} task {episode.task}: episode failed ({episode.failure})", file=sys.stderr,
-                      flush=True)
+                logger.warning(f"[quality] {name} task {episode.task}: episode failed ({episode.failure})")
             if progress and (len(episodes) % every == 0 or len(episodes) == total):
-                print(f"[quality {benchmark.name}] {len(episodes)}/{total} episodes, "
-                      f"{len(episodes) / (time.perf_counter() - started):.2f} episodes/s", flush=True)
+                logger.info(f"[quality {benchmark.name}] {len(episodes)}/{total} episodes, "
+                            f"{len(episodes) / (time.perf_counter() - started):.2f} episodes/s")
 
         await play_jobs(pool.workers, jobs, play)
 

@@ -2,7 +2,8 @@
 and per task type, a pooled Wilson interval of the success rate, a JSON form and a printed markdown table.
 
 Everything here is pure arithmetic on :class:`EpisodeRecord` rows; :func:`actfirst.evaluation.evaluate.evaluate`
-produces them.
+produces them. The statistics (mean and SD, the Wilson interval, the paired and unpaired difference intervals of the
+SR change) are those of :mod:`actfirst.evaluation.stats`.
 
 - Per seed r (Eq. 33): SR_r = 100 x mean success, Score_r = mean final score on [0, 100], Round_r = mean executed
   turns (invalid action attempts included), over the episodes of that seed (overall) or of one task type.
@@ -27,9 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from actfirst.envs.benchmarks import BENCHMARKS
+from actfirst.evaluation.stats import difference_interval, mean_sd, paired_difference_interval, wilson_interval
 
-WILSON_Z = 1.959963984540054
-"""The standard normal 97.5% quantile: a two-sided 95% interval."""
 OVERALL = "overall"
 TEACHER_EVAL = "actfirst_eval.json"
 """A built teacher's evaluation report, in its directory (``actfirst.preparation.build`` writes it)."""
@@ -73,77 +73,6 @@ class EpisodeRecord:
 def response_hash(token_ids: Sequence[int]) -> str:
     """16 hex digits identifying a token sequence."""
     return hashlib.blake2b(",".join(map(str, token_ids)).encode(), digest_size=8).hexdigest()
-
-
-def mean_sd(values: Sequence[float]) -> tuple[float, float]:
-    """Eq. 34: the mean and the sample standard deviation (n - 1); the SD of a single value is NaN."""
-    n = len(values)
-    if n == 0:
-        return math.nan, math.nan
-    mean = sum(values) / n
-    if n == 1:
-        return mean, math.nan
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-
-
-def wilson_interval(successes: int, n: int, z: float = WILSON_Z) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (``successes`` of ``n``), as proportions in [0, 1]."""
-    if not 0 <= successes <= n:
-        raise ValueError(f"successes={successes}: must be in [0, n={n}]")
-    if n == 0:
-        return math.nan, math.nan
-    p = successes / n
-    z2 = z * z
-    denom = 1 + z2 / n
-    center = (p + z2 / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denom
-    # Exact at the edges (0 of n: the lower bound is 0; n of n: the upper is 1), not 1e-15 away.
-    return (0.0 if successes == 0 else max(0.0, center - half)), (1.0 if successes == n else min(1.0, center + half))
-
-
-def difference_interval(successes_a: int, n_a: int, successes_b: int, n_b: int,
-                        z: float = WILSON_Z) -> tuple[float, float, float]:
-    """The difference p_b - p_a of two independent binomial proportions with its confidence interval (Newcombe's
-    hybrid score interval from the two Wilson intervals), as proportions: (difference, low, high); NaNs when either
-    sample is empty. For two evaluations of one student on the same tasks and seeds the samples are paired and
-    positively correlated, so this interval is conservative there."""
-    if n_a == 0 or n_b == 0:
-        return math.nan, math.nan, math.nan
-    p_a, p_b = successes_a / n_a, successes_b / n_b
-    lo_a, hi_a = wilson_interval(successes_a, n_a, z)
-    lo_b, hi_b = wilson_interval(successes_b, n_b, z)
-    d = p_b - p_a
-    return d, d - math.sqrt((p_b - lo_b) ** 2 + (hi_a - p_a) ** 2), d + math.sqrt((hi_b - p_b) ** 2 + (p_a - lo_a) ** 2)
-
-
-def paired_difference_interval(both: int, first_only: int, second_only: int, neither: int,
-                               z: float = WILSON_Z) -> tuple[float, float, float]:
-    """The difference p_2 - p_1 of two proportions measured on the same n units (a paired 2x2 table: ``both``
-    succeeded in the two measurements, ``first_only``, ``second_only``, ``neither``) with its confidence interval,
-    as proportions: (difference, low, high); NaNs for an empty table.
-
-    Newcombe's method 10 ("Improved confidence intervals for the difference between binomial proportions based on
-    paired data", Statistics in Medicine 17, 2635-2650, 1998), the square-and-add interval of Fagerland, Lydersen
-    and Laake (*Statistical Analysis of Contingency Tables*, 2017, Ch. 8): the two Wilson intervals combined with
-    the correlation phi of the two margins, whose numerator AD - BC is continuity-corrected (reduced by n/2 when it
-    exceeds n/2, zero in [0, n/2], kept when negative); phi is 0 when a margin is empty."""
-    n = both + first_only + second_only + neither
-    if min(both, first_only, second_only, neither) < 0:
-        raise ValueError(f"paired table ({both}, {first_only}, {second_only}, {neither}): counts must be >= 0")
-    if n == 0:
-        return math.nan, math.nan, math.nan
-    first, second = both + first_only, both + second_only  # successes in each measurement
-    p_1, p_2 = first / n, second / n
-    lo_1, hi_1 = wilson_interval(first, n, z)
-    lo_2, hi_2 = wilson_interval(second, n, z)
-    margins = first * (n - first) * second * (n - second)
-    cross = both * neither - first_only * second_only
-    corrected = cross - n / 2 if cross > n / 2 else (0.0 if cross >= 0 else cross)
-    phi = corrected / math.sqrt(margins) if margins > 0 else 0.0
-    d = p_2 - p_1
-    below = (p_2 - lo_2) ** 2 + (hi_1 - p_1) ** 2 - 2 * phi * (p_2 - lo_2) * (hi_1 - p_1)
-    above = (hi_2 - p_2) ** 2 + (p_1 - lo_1) ** 2 - 2 * phi * (hi_2 - p_2) * (p_1 - lo_1)
-    return d, d - math.sqrt(max(below, 0.0)), d + math.sqrt(max(above, 0.0))
 
 
 def paired_table(first: Sequence[EpisodeRecord], second: Sequence[EpisodeRecord]) -> tuple[int, int, int, int]:

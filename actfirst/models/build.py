@@ -1,4 +1,5 @@
-"""Build small Qwen3-architecture models from a config and save them as ordinary Hugging Face directories.
+"""Small Qwen3-architecture models built from a config and saved as ordinary Hugging Face directories (the command
+line: ``python -m actfirst.models.factory``).
 
 No weights can be downloaded here, so tests, the CPU demo and the CPU benchmark use models made by
 :func:`build_model` (config, ``model.safetensors``, tokenizer files, chat template); ``python -m
@@ -8,40 +9,24 @@ actfirst.models.factory`` builds one from the command line.
 from __future__ import annotations
 
 import functools
-import importlib.resources
 import json
-import re
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
 from actfirst.core.config import ModelConfig
+from actfirst.envs.benchmarks import BENCHMARKS
 from actfirst.models.tokenizers import QWEN3_PADDED_VOCAB, build_qwen3_tokenizer, train_env_bpe_tokenizer
 
 
 def environment_corpus() -> list[str]:
-    """Environment text shipped by the simulators' packages (ALFWorld's grammar and goal templates).
+    """Environment text of every registered benchmark (``Benchmark.environment_text``: what its simulator's package
+    ships and the prompt lines every request carries), in name order.
 
     Used to train the small ``env-bpe`` tokenizer; it needs no download.
     """
-    texts: list[str] = []
-    grammar = importlib.resources.files("alfworld").joinpath("data", "alfred.twl2").read_text()
-    texts += [s.replace("\\n", "\n") for s in re.findall(r'"rhs": "(.*?)"', grammar)]
-    goals = importlib.resources.files("alfworld").joinpath("gen", "goal_library.py").read_text()
-    texts += re.findall(r"'([^'\n]{8,})'", goals) + re.findall(r'"([^"\n]{8,})"', goals)
-    # The prompt scaffolding of Appendix B.1 that every request carries.
-    texts += [
-        "Your admissible actions of the current situation are: [go to countertop 1, open fridge 1, take apple 1]",
-        "Now it's your turn to take an action. You should first reason step-by-step about the current situation "
-        "within <think> </think> tags. Once you've finished your reasoning, you should choose an admissible action "
-        "for current step and present it within <action> </action> tags.",
-        "Complete the missing current action in this reference transition: Current observation "
-        "-[MISSING CURRENT ACTION]-> reference next observation.",
-        "Your ScienceWorld task is: Your task is to boil water. Available action commands: [open OBJ, move OBJ "
-        "to OBJ, focus on OBJ, look around, teleport to LOC]. Available objects you can interact with: [stove, "
-        "water, kitchen, thermometer].",
-    ]
+    texts = [text for name in sorted(BENCHMARKS) for text in BENCHMARKS[name].environment_text()]
     return texts * 4  # repeat so that frequent scaffolding merges rank high
 
 

@@ -10,9 +10,10 @@ A checkpoint (``actfirst.train.state``) holds the float32 student beside AdamW's
 rank's state. The export keeps only what loads the model: ``config.json`` (its ``dtype``/``torch_dtype`` the export's
 dtype), ``generation_config.json``, the weights (every floating tensor cast to the dtype, round to nearest even as
 ``Tensor.to`` does; shard by shard, so no more than one shard is in memory), the tokenizer with its chat template,
-and a model card ``README.md``: the base model (the run's ``student.model``), the teacher, the benchmark, the method
-(``rollout.strategy``), the updates, the run's evaluations found beside the checkpoint (``evals.jsonl`` and the
-report of this update), and the command that made it.
+and a model card ``README.md`` (``actfirst.models.card``, through ``huggingface_hub.ModelCard``): the base model and
+the teacher by Hub id and commit, the benchmark's datasets, the license, the method (``rollout.strategy``), the
+updates, the run's evaluations found beside the checkpoint (``evals.jsonl``; this update's as ``model-index``), and
+the command that made it.
 
 The directory is written under a temporary name beside ``out``, fsynced and renamed into place: an interrupted export
 leaves no ``out`` (its leftover is removed by the next export to the same ``out``).
@@ -21,7 +22,6 @@ leaves no ``out`` (its leftover is removed by the next export to the same ``out`
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 from pathlib import Path
@@ -29,11 +29,8 @@ from typing import Any
 
 from actfirst.core.files import fsync_path
 from actfirst.core.user_input import ConfigError, check_model_dir
-from actfirst.evaluation.report import load_report
-from actfirst.models.hub import hub_name, is_hub_id
-from actfirst.rollout.strategies import STRATEGIES
+from actfirst.models.card import model_card
 from actfirst.train.checkpoint import load_checkpoint
-from actfirst.train.plots import read_records
 
 EXPORT_DTYPES = ("float32", "bfloat16", "float16")
 MODEL_FILES = ("config.json", "generation_config.json")
@@ -42,10 +39,11 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 
 
 def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, dtype: str = "float32",
-                      command: str = "") -> Path:
+                      command: str = "", license: str | None = None) -> Path:
     """Write the export of training checkpoint ``checkpoint`` to ``out`` (see the module docstring); returns ``out``.
-    ``command``: the command line that made it, for the model card. Raises ``ConfigError`` for a directory that is
-    not a complete training checkpoint, an unknown dtype, or an ``out`` that exists and is not empty."""
+    ``command``: the command line that made it, for the model card; ``license``: the card's (None: the base
+    model's). Raises ``ConfigError`` for a directory that is not a complete training checkpoint, an unknown dtype,
+    or an ``out`` that exists and is not empty."""
     checkpoint, out = Path(checkpoint), Path(out)
     if dtype not in EXPORT_DTYPES:
         raise ConfigError(f"--dtype={dtype!r}: must be one of {list(EXPORT_DTYPES)}")
@@ -60,7 +58,8 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, *, 
     try:
         _write_model(checkpoint, tmp, dtype)
         _write_tokenizer(checkpoint, tmp)
-        (tmp / "README.md").write_text(model_card(checkpoint, state, dtype=dtype, command=command))
+        model_card(checkpoint, state, dtype=dtype, command=command, name=out.name, license=license).save(
+            tmp / "README.md")
         check_model_dir(tmp, "the export")
         mode = 0o666 & ~_umask()  # as a plain file the user writes (the safetensors writer makes 0600 files)
         for path in tmp.iterdir():
@@ -125,52 +124,6 @@ def _write_tokenizer(checkpoint: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def model_card(checkpoint: Path, state: dict[str, Any], *, dtype: str, command: str) -> str:
-    """The export's ``README.md``: Hub metadata, then what the model is, how it was made and how it evaluated."""
-    cfg, update = state["config"], int(state["update"])
-    strategy = cfg["rollout"]["strategy"]
-    label = STRATEGIES[strategy].label if strategy in STRATEGIES else strategy
-    base, teacher = str(cfg["student"]["model"]), str(cfg["teacher"])
-    front = ["---", "library_name: transformers", "pipeline_tag: text-generation",
-             f"tags: [actfirst, on-policy-distillation, {cfg['benchmark']}]"]
-    base_id = hub_name(base) or (base if is_hub_id(base) and not Path(base).exists() else None)
-    if base_id is not None:  # a resolved snapshot names its Hub id and commit (the run's student.revision)
-        front.append(f"base_model: {base_id}")
-        revision = cfg["student"].get("revision")
-        base = f"{base_id}" + (f" (revision {revision})" if revision else "")
-    lines = [*front, "---", "", f"# {label} student on {cfg['benchmark']}", "",
-             f"A student model distilled on-policy from a teacher by {label} (`rollout.strategy: {strategy}`) with "
-             "ActFirst, exported from a training checkpoint.", "",
-             "| | |", "|---|---|",
-             f"| base model (the student at update 0) | `{base}` |", f"| teacher | `{teacher}` |",
-             f"| benchmark | {cfg['benchmark']} |", f"| method | {label} (`{strategy}`) |",
-             f"| updates | {update} of {cfg['num_updates']} (batches of {cfg['batch_samples']} full responses) |",
-             f"| weights | {dtype} |", f"| checkpoint | `{checkpoint}` |", "",
-             "## Evaluation", "", *evaluation_section(checkpoint.parent.parent, update), "",
-             "## How it was made", "", "```bash", command or "python -m actfirst.export ...", "```", ""]
-    return "\n".join(lines)
-
-
-def evaluation_section(run_dir: Path, update: int) -> list[str]:
-    """The run's evaluations (``evals.jsonl`` beside the checkpoint): SR by update, and the full table of ``update``'s
-    report where the run evaluated it."""
-    rows = read_records(run_dir / "evals.jsonl")
-    if not rows:
-        return [f"No evaluation of the run was found beside the checkpoint ({run_dir / 'evals.jsonl'})."]
-    lines = ["The run's own evaluations (think-then-act, the evaluation thinking budget; mean ± sample SD over the "
-             "seeds, pooled 95% Wilson interval):", "", "| update | episodes | SR (%) | SR 95% CI |",
-             "|---:|---:|---:|---|"]
-    for row in rows:
-        s = row["summary"]
-        sd = f" ± {s['SR']['sd']:.1f}" if _finite(s["SR"]["sd"]) else ""
-        lo, hi = s["SR_ci95_pooled"]
-        lines.append(f"| {row['update']} | {s['episodes']} | {s['SR']['mean']:.1f}{sd} | [{lo:.1f}, {hi:.1f}] |")
-    this = [row for row in rows if row["update"] == update and (run_dir / row["report"]).is_file()]
-    if this:
-        lines += ["", f"At update {update} (this model):", "", load_report(run_dir / this[-1]["report"]).table()]
-    return lines
-
-
 def check_hub_repo(repo: str) -> None:
     """Refuse a push that cannot happen, before any work: a malformed repo id, offline mode, no token."""
     from huggingface_hub import constants, get_token
@@ -202,10 +155,6 @@ def push_to_hub(out: Path, repo: str, *, private: bool = False) -> str:
         raise ConfigError(f"--push-to-hub={repo!r}: the upload failed ({type(e).__name__}: {e}); the export is "
                           f"complete at {out}") from None
     return str(info.commit_url)
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
 
 
 def _umask() -> int:

@@ -68,6 +68,13 @@ class ParallelContext:
         return self.rank == 0
 
 
+UNEVEN_WAIT_S = 30 * 24 * 3600.0
+"""How long :func:`wait_for_ranks` waits for the other ranks: without a limit in practice. A peer that died is found by
+the peer watch (``actfirst.parallel.watchdog``: it stops this process naming that peer within its timeout), so the
+only wait left is for ranks that are still working; the process group's own timeout (``init_parallel``'s 30
+minutes) stays for every other collective, where a wait that long means a hang."""
+
+
 def init_parallel(timeout_s: float = 1800.0, mesh: MeshKind = "auto") -> ParallelContext:
     """Join the job's process group (torchrun's environment) or make a world of one; returns this rank's context,
     its device mesh of the shape ``mesh`` names (``parallel.mesh``: one of :data:`MESHES`).
@@ -125,6 +132,14 @@ def shutdown_parallel() -> None:
     if dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+
+
+def wait_for_ranks() -> None:
+    """Wait on the host until every rank reaches this call, however long the others take (:data:`UNEVEN_WAIT_S`):
+    call it after work whose length differs between ranks by more than the process group's timeout allows (an
+    evaluation's share of the episodes), before the collective that gathers its results."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.monitored_barrier(group=_CPU_GROUP, timeout=datetime.timedelta(seconds=UNEVEN_WAIT_S))
 
 
 def reduce_sum(values: list[float]) -> list[float]:

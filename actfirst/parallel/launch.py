@@ -10,10 +10,13 @@ every failure; :func:`describe_failure` turns that report into one line naming t
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 import uuid
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 PEER_STOPPED_EXIT = 3
 """Exit status of a rank that stopped because another rank failed (``actfirst.parallel.watchdog``): never the
@@ -47,10 +50,10 @@ def launch_ranks(nproc: int, command: list[str], *, monitor_interval_s: float = 
     try:
         elastic_launch(config, sys.executable)(*command)
     except ChildFailedError as error:
-        print(describe_failure(error.failures, advice), file=sys.stderr, flush=True)
+        logger.error(describe_failure(error.failures, advice))
         return 1
     except SignalException as error:
-        print(f"[launch] stopped by {error.sigval.name}: every rank was stopped", file=sys.stderr, flush=True)
+        logger.error(f"[launch] stopped by {error.sigval.name}: every rank was stopped")
         return 130
     return 0
 

@@ -20,17 +20,21 @@ free: a rank stuck in a collective is waiting for a dead peer, which is what the
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
 
 from actfirst.parallel.launch import PEER_STOPPED_EXIT
+
+logger = logging.getLogger(__name__)
 
 _PREFIX = "actfirst/peer_watch/"
 START_GRACE_S = 120.0
@@ -148,7 +152,7 @@ class PeerWatch:
     def _exit(self, why: str, force: bool = False) -> None:
         if self._stop.is_set() and not force:
             return
-        print(f"[rank {self.rank}] stopping: {why}", file=sys.stderr, flush=True)
+        logger.error(f"[rank {self.rank}] stopping: {why}")
         os._exit(PEER_STOPPED_EXIT)
 
 
@@ -158,10 +162,11 @@ def _store(addr: str, port: int, prefix: str, timeout_s: float) -> dist.Store:
     return dist.PrefixStore(prefix, store)
 
 
-def beat(addr: str, port: int, prefix: str, rank: int, interval_s: float, timeout_s: float, parent: int) -> int:
+def beat(addr: str, port: int, prefix: str, rank: int, interval_s: float, timeout_s: float, parent: int, *,
+         first_beat: Callable[[], None]) -> int:
     """The heartbeat process's work (``actfirst.parallel.heartbeat`` runs it): bump ``beat/<rank>`` every
-    ``interval_s`` while process ``parent`` is this one's parent (see the module docstring), printing one line after
-    the first beat. Returns 0 once the parent is gone, 1 if the store is."""
+    ``interval_s`` while process ``parent`` is this one's parent (see the module docstring), calling ``first_beat``
+    after the first beat. Returns 0 once the parent is gone, 1 if the store is."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the rank's to handle; its death ends this process
     store = _store(addr, port, prefix, timeout_s)
     first = True
@@ -169,7 +174,7 @@ def beat(addr: str, port: int, prefix: str, rank: int, interval_s: float, timeou
         while os.getppid() == parent:
             store.add(f"beat/{rank}", 1)
             if first:
-                print("beating", flush=True)
+                first_beat()
                 first = False
             time.sleep(interval_s)
     except dist.DistStoreError:  # the store's node is gone: the rank's own watch says so

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import time
@@ -44,6 +45,8 @@ from actfirst.evaluation.report import TEACHER_EVAL
 from actfirst.models.hub import model_commit, resolve_model
 from actfirst.models.tokenizers import check_tokenizers_match
 from actfirst.preparation.reference_cache import load_references, read_candidates
+
+logger = logging.getLogger(__name__)
 
 SFT_RECORD = "actfirst_sft.json"
 """How a built model was trained (losses, wall-clock, throughput), in its directory."""
@@ -68,7 +71,7 @@ def ensure_prepared(cfg: TrainConfig, nproc: int = 1) -> dict[str, float]:
     if cfg.references is not None and not Path(cfg.references).is_file():
         started = time.perf_counter()
         candidates = list(cfg.prepare.candidate_files)
-        if cfg.prepare.teacher_rollouts and build is None:
+        if plays_teacher_rollouts(cfg):
             candidates.append(str(_teacher_rollouts(cfg, benchmark, nproc)))
         _build_references(cfg, benchmark, candidates, nproc)
         timings["references_s"] = time.perf_counter() - started
@@ -121,6 +124,13 @@ def check_inputs(cfg: TrainConfig, *, buildable: bool = False) -> None:
     check_writable_dir(cfg.out_dir, "out_dir")
 
 
+def plays_teacher_rollouts(cfg: TrainConfig) -> bool:
+    """Whether preparation will play the teacher's rollouts: the reference cache is still to be built, with
+    ``prepare.teacher_rollouts`` per task, by a teacher that is not built (a built teacher plays none)."""
+    return (cfg.references is not None and not Path(cfg.references).is_file() and cfg.prepare.teacher_rollouts > 0
+            and cfg.prepare.build_models is None)
+
+
 def models_to_build(cfg: TrainConfig) -> list[str]:
     """The keys (``teacher``, ``student.model``) of the models preparation builds: those that name their
     ``prepare.build_models`` directory (``teacher_dir``, ``student_dir``) while it does not exist. A model named
@@ -157,7 +167,7 @@ def _resolve(name: str, key: str, revision: str | None, revision_key: str, downl
     if commit == "local":
         return name, None
     if download:
-        print(f"[models] {key}={name!r}: {path} (commit {commit})", flush=True)
+        logger.info(f"[models] {key}={name!r}: {path} (commit {commit})")
     return str(path), commit
 
 
@@ -203,12 +213,12 @@ def _teacher_rollouts(cfg: TrainConfig, benchmark: Benchmark, nproc: int) -> Pat
     if path.is_file():
         return path
     tasks = cfg.training_tasks(benchmark)
-    print(f"[prepare] teacher rollouts: {cfg.prepare.teacher_rollouts} per task x {len(tasks)} training tasks on "
-          f"{nproc} rank(s), up to {cfg.scheduler.b_max} episodes at once on each", flush=True)
+    logger.info(f"[prepare] teacher rollouts: {cfg.prepare.teacher_rollouts} per task x {len(tasks)} training tasks "
+                f"on {nproc} rank(s), up to {cfg.scheduler.b_max} episodes at once on each")
     started = time.perf_counter()
     _on_ranks(cfg, "teacher", nproc)
     merge_candidates(path, [benchmark.task_key(t) for t in tasks])
-    print(f"[prepare] teacher rollouts: {time.perf_counter() - started:.0f} s on {nproc} rank(s) -> {path}", flush=True)
+    logger.info(f"[prepare] teacher rollouts: {time.perf_counter() - started:.0f} s on {nproc} rank(s) -> {path}")
     return path
 
 
@@ -216,8 +226,7 @@ def _build_references(cfg: TrainConfig, benchmark: Benchmark, candidate_files: l
     from actfirst.preparation.reference_cache import publish_references
 
     tasks = cfg.training_tasks(benchmark)
-    print(f"[prepare] reference cache for {len(tasks)} training tasks on {nproc} rank(s) -> {cfg.references}",
-          flush=True)
+    logger.info(f"[prepare] reference cache for {len(tasks)} training tasks on {nproc} rank(s) -> {cfg.references}")
     with paths_unchecked():  # the ranks read every candidate file from their config
         cfg = dataclasses.replace(cfg, prepare=dataclasses.replace(cfg.prepare, candidate_files=candidate_files))
     _on_ranks(cfg, "references", nproc)
@@ -311,7 +320,7 @@ def _expert_steps(cfg: TrainConfig, benchmark: Benchmark):
     tasks = [t for t in cfg.training_tasks(benchmark) if benchmark.task_key(t) in references]
     with EnvPool(benchmark.env_spec(), size=min(len(tasks), os.cpu_count() or 2)) as pool:
         steps = asyncio.run(expert_steps(benchmark, pool, tasks, references))
-    print(f"[prepare] {len(steps)} expert steps from {len(tasks)} references", flush=True)
+    logger.info(f"[prepare] {len(steps)} expert steps from {len(tasks)} references")
     return steps
 
 
@@ -337,8 +346,8 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
     data = examples(tokenizer, benchmark, steps, modes=[Mode(m) for m in sft_cfg.modes],
                     max_prompt_tokens=cfg.rollout.max_prompt_tokens, thought=THOUGHTS[thoughts])
     params = sum(p.numel() for p in model.parameters())
-    print(f"[prepare] {what}: {params / 1e6:.2f}M parameters, SFT on {len(data)} examples "
-          f"({', '.join(sft_cfg.modes)}), {sft_cfg.epochs} epochs", flush=True)
+    logger.info(f"[prepare] {what}: {params / 1e6:.2f}M parameters, SFT on {len(data)} examples "
+                f"({', '.join(sft_cfg.modes)}), {sft_cfg.epochs} epochs")
     result = sft(model, data, epochs=sft_cfg.epochs, lr=sft_cfg.lr, batch_tokens=sft_cfg.batch_tokens,
                  micro_batch_tokens=sft_cfg.micro_batch_tokens, seed=sft_cfg.seed)
     model.save_pretrained(tmp, safe_serialization=True)
@@ -394,5 +403,5 @@ def evaluate_teacher(cfg: TrainConfig, benchmark: Benchmark) -> dict[str, Any]:
     report = asyncio.run(run())
     report.meta.update({"model": cfg.teacher, "split": spec.split})
     write_atomically(Path(cfg.teacher) / TEACHER_EVAL, report.to_json())
-    print(report.table(), flush=True)
+    logger.info(f"[prepare] the teacher's evaluation ({Path(cfg.teacher) / TEACHER_EVAL}):\n{report.table()}")
     return report.summary()

@@ -1,4 +1,5 @@
-"""Reference trajectories (Appendix C.2): one per training task, replayed and cached before training.
+"""The reference cache (Appendix C.2): one reference trajectory per training task, replayed and cached before
+training, by ``python -m actfirst.references`` or by preparation.
 
 ::
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import sys
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,8 +39,10 @@ from actfirst.core.files import write_atomically
 from actfirst.core.journal import Journal, format_eta, journal_path, read_journals, remove_journals
 from actfirst.core.user_input import ConfigError, read_jsonl, read_text
 from actfirst.envs.base import Reference, Transition
-from actfirst.envs.benchmarks import Benchmark
+from actfirst.envs.benchmarks import Benchmark, benchmark_class
 from actfirst.envs.workers import EnvPool, EnvWorker, WorkerDied
+
+logger = logging.getLogger(__name__)
 
 
 class PartialCacheError(ConfigError):
@@ -100,9 +103,11 @@ async def build_one(benchmark: Benchmark, worker: EnvWorker, task: Any, candidat
 
 def load_references(path: str | Path, *, benchmark: Benchmark | None = None, tasks: Sequence[str] = (),
                     allow_partial: bool = False, key: str = "references") -> dict[str, Reference]:
-    """A cache by task key. Refused (:class:`ConfigError` naming ``key`` and the path): a missing file or metadata, a
-    malformed line, a cache of another benchmark or benchmark config than ``benchmark``'s, coverage below 100%
-    (unless ``allow_partial``: :class:`PartialCacheError`), and a cache without a reference for one of ``tasks``."""
+    """A cache by task key, its transitions of its benchmark's ``Benchmark.transition_class`` (``benchmark``'s, or
+    that of the benchmark its metadata names). Refused (:class:`ConfigError` naming ``key`` and the path): a missing
+    file or metadata, a malformed line, a cache of another benchmark or benchmark config than ``benchmark``'s, or of
+    no known benchmark, coverage below 100% (unless ``allow_partial``: :class:`PartialCacheError`), and a cache
+    without a reference for one of ``tasks``."""
     what = f"{key}={str(path)!r}"
     if not Path(f"{path}.meta.json").is_file():
         raise ConfigError(f"{what}: no {Path(path).name}.meta.json beside it: not a cache written by "
@@ -110,13 +115,19 @@ def load_references(path: str | Path, *, benchmark: Benchmark | None = None, tas
     meta = json.loads(read_text(f"{path}.meta.json", f"{key} metadata"))
     if benchmark is not None:
         _check_cache_of(meta, benchmark, what)
+        transition_class = benchmark.transition_class
+    else:
+        try:
+            transition_class = benchmark_class(meta.get("benchmark")).transition_class
+        except ValueError as e:
+            raise ConfigError(f"{what}: its metadata names {e}") from None
     if meta["coverage"] < 1.0 and not allow_partial:
         raise PartialCacheError(f"{what}: coverage {meta['coverage']:.1%} ({meta['covered']}/{meta['tasks']}), "
                                 f"missing {meta['missing'][:10]}; pass allow_partial=True to use it anyway")
     refs = {}
     for n, row in read_jsonl(path, key):
         try:
-            ref = Reference.from_dict(row)
+            ref = Reference.from_dict(row, transition_class)
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{what}: line {n} is not a reference ({type(e).__name__}: {e})") from None
         refs[ref.task] = ref
@@ -183,8 +194,8 @@ async def replay_references(benchmark: Benchmark, tasks: Sequence[Any], pool: En
     candidates = read_candidates(candidate_files)
     unknown = sorted(set(candidates) - set(keys))
     if unknown and rank == 0:
-        print(f"warning: candidates for {len(unknown)} tasks outside the task set ignored, e.g. {unknown[:3]}",
-              file=sys.stderr)
+        logger.warning(f"warning: candidates for {len(unknown)} tasks outside the task set ignored, e.g. "
+                       f"{unknown[:3]}")
     done = read_journals(out)
     share = range(rank, len(tasks), world)
     queue: asyncio.Queue = asyncio.Queue()
@@ -192,7 +203,8 @@ async def replay_references(benchmark: Benchmark, tasks: Sequence[Any], pool: En
         if keys[i] not in done:
             queue.put_nowait(tasks[i])
     if len(share) > queue.qsize():
-        print(f"resuming: {len(share) - queue.qsize()} of {len(share)} tasks already in {journal_path(out, 0)}*")
+        logger.info(f"resuming: {len(share) - queue.qsize()} of {len(share)} tasks already in "
+                    f"{journal_path(out, 0)}*")
     failed: dict[str, str] = {}
     start, finished, todo = time.monotonic(), 0, queue.qsize()
 
@@ -212,9 +224,9 @@ async def replay_references(benchmark: Benchmark, tasks: Sequence[Any], pool: En
             else:
                 journal.append(ref.to_json())
             rate = finished / (time.monotonic() - start)
-            print(f"[{finished}/{todo}{_rank_label(rank, world)}] {key}: "
-                  f"{'FAILED' if ref is None else f'{len(ref.actions)} actions ({ref.source})'}"
-                  f" | {rate:.2f} tasks/s, ETA {format_eta((todo - finished) / rate)}", flush=True)
+            logger.info(f"[{finished}/{todo}{_rank_label(rank, world)}] {key}: "
+                        f"{'FAILED' if ref is None else f'{len(ref.actions)} actions ({ref.source})'}"
+                        f" | {rate:.2f} tasks/s, ETA {format_eta((todo - finished) / rate)}")
 
     with Journal(out, rank) as journal:
         await asyncio.gather(*(run(w, journal) for w in pool.workers))
@@ -241,7 +253,7 @@ def publish_references(benchmark: Benchmark, tasks: Sequence[Any], *, out: str |
             "missing": [k for k in keys if k not in done], "failures": failed,
             "built": time.strftime("%Y-%m-%dT%H:%M:%S"), "shortened": benchmark.shortens_candidates and shorten,
             "candidate_files": [str(p) for p in candidate_files]}
-    print(f"coverage {meta['coverage']:.1%} ({len(covered)}/{len(keys)})")
+    logger.info(f"coverage {meta['coverage']:.1%} ({len(covered)}/{len(keys)})")
     if meta["coverage"] < 1.0 and not allow_partial:
         raise PartialCacheError(f"{len(keys) - len(covered)} tasks have no successful candidate (e.g. "
                                 f"{meta['missing'][:5]}); {out} not written. Add candidates and rerun to resume "
@@ -249,5 +261,5 @@ def publish_references(benchmark: Benchmark, tasks: Sequence[Any], *, out: str |
     write_atomically(Path(f"{out}.meta.json"), json.dumps(meta, indent=1))
     write_atomically(out, "".join(done[k] + "\n" for k in covered))
     remove_journals(out)
-    print(f"wrote {out} ({len(covered)} references){' PARTIAL' if meta['coverage'] < 1.0 else ''}")
+    logger.info(f"wrote {out} ({len(covered)} references){' PARTIAL' if meta['coverage'] < 1.0 else ''}")
     return meta

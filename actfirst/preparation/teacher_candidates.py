@@ -1,4 +1,5 @@
-"""Teacher rollouts as reference candidates (Appendix C.2: "ten rollouts per training task" of the teacher).
+"""Playing the teacher's rollouts that become reference candidates (Appendix C.2: "ten rollouts per training task"
+of the teacher), for ``python -m actfirst.teacher_rollouts`` and for preparation.
 
 ::
 
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
+import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -40,6 +41,8 @@ from actfirst.core.files import write_atomically
 from actfirst.core.journal import Journal, format_eta, read_journals, remove_journals
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.evaluation.evaluate import MAX_TASKS, check_fits, episode_seed, play_jobs, seed_stride
+
+logger = logging.getLogger(__name__)
 
 MAX_REPEATS = 1 << 10
 """Rollout seeds leave room for this many repeats per task."""
@@ -104,8 +107,7 @@ async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Seq
             left[position] -= 1
             if episode.failure is not None:
                 failures += 1
-                print(f"[teacher] task {episode.task} repeat {repeat}: episode failed ({episode.failure})",
-                      file=sys.stderr, flush=True)
+                logger.warning(f"[teacher] task {episode.task} repeat {repeat}: episode failed ({episode.failure})")
             elif benchmark.accepts_reference(episode):
                 kept[position, repeat] = [t.action for t in episode.turns]
             if left[position] == 0:
@@ -114,9 +116,9 @@ async def teacher_candidates(engine, tokenizer, benchmark: Benchmark, tasks: Seq
                     on_task(keys[position], _sequences(kept, position, per_task))
             if progress is not None and (finished % every == 0 or finished == total):
                 rate = finished / (time.perf_counter() - started)
-                print(f"[{progress} {benchmark.name}] {tasks_done}/{len(tasks)} tasks, {finished}/{total} episodes, "
-                      f"{len(kept)} kept, {failures} failed, {rate:.2f} episodes/s, "
-                      f"ETA {format_eta((total - finished) / rate)}", flush=True)
+                logger.info(f"[{progress} {benchmark.name}] {tasks_done}/{len(tasks)} tasks, {finished}/{total} "
+                            f"episodes, {len(kept)} kept, {failures} failed, {rate:.2f} episodes/s, "
+                            f"ETA {format_eta((total - finished) / rate)}")
 
         await play_jobs(pool.workers, jobs, play)
 
@@ -166,8 +168,8 @@ async def play_share(engine, tokenizer, benchmark: Benchmark, tasks: Sequence[An
     share = range(rank, len(tasks), world)
     mine = [i for i in share if benchmark.task_key(tasks[i]) not in done]
     label = "teacher" if world == 1 else f"teacher rank {rank}/{world}"
-    print(f"[{label}] {len(mine)} of {len(share)} tasks to play ({len(share) - len(mine)} done before), "
-          f"{per_task} rollouts each, up to {max_in_flight} at once", flush=True)
+    logger.info(f"[{label}] {len(mine)} of {len(share)} tasks to play ({len(share) - len(mine)} done before), "
+                f"{per_task} rollouts each, up to {max_in_flight} at once")
     if not mine:
         return 0
     with Journal(out, rank) as journal:

@@ -51,7 +51,6 @@ import collections
 import dataclasses
 import math
 import random
-import threading
 import time
 from typing import Any
 
@@ -124,7 +123,6 @@ class Intervention:
         self.rng = random.Random(seed)
         self.update = 0
         """The 0-based update the rollout batch now starting is collected for (set by the trainer)."""
-        self._score_lock = threading.Lock()
 
     def episode_rule(self) -> tuple[float, float | None]:
         """(r_n, tau_n) for an episode starting now, held for the episode (tau_n None: random selection, or too few
@@ -156,8 +154,7 @@ class Intervention:
         def work() -> None:
             if self.scorer.device.type == "cuda":  # the current CUDA device is per thread
                 torch.cuda.set_device(self.scorer.device)
-            with self._score_lock:
-                self.scorer.score([sample])
+            self.scorer.score([sample])  # the scorer's own lock: one teacher forward at a time, the update's too
 
         await asyncio.to_thread(work)
         delta = uncertainty_score(self.cfg.score, sample.teacher_logprobs, sample.logprobs, sample.loss_mask)

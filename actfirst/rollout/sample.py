@@ -73,4 +73,5 @@ class SampleScorer(Protocol):
     device: torch.device
 
     def score(self, samples: list[Sample]) -> None:
-        """Set each sample's ``teacher_logprobs``."""
+        """Set each sample's ``teacher_logprobs``; safe from several threads at once (one forward at a time: the
+        rollout's calls and the update's share the teacher's activation memory)."""

@@ -374,6 +374,9 @@ class UncertaintyIntervention(RolloutStrategy):
         check(cfg.parallel.teacher == "replicate", "parallel.teacher", cfg.parallel.teacher,
               "must be 'replicate' with rollout.strategy='uopd' (each rank's rollouts score proposals with the "
               "teacher on their own, outside any collective)")
+        check(cfg.student.sleep_level == 0, "student.sleep_level", cfg.student.sleep_level,
+              "must be 0 with rollout.strategy='uopd' (the teacher's engine may share the student engine's rotary "
+              "cache, which a sleeping student moves off the GPU: docs/engine.md, two engines in one process)")
         check(cfg.uopd.teacher_gpu_memory_utilization + cfg.student.gpu_memory_utilization < 1.0,
               "uopd.teacher_gpu_memory_utilization", cfg.uopd.teacher_gpu_memory_utilization,
               f"+ student.gpu_memory_utilization={cfg.student.gpu_memory_utilization} must be < 1")

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
-import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -43,6 +43,8 @@ from actfirst.preparation.reference_cache import load_references, replay
 from actfirst.rollout.prompts import Mode, Step
 from actfirst.rollout.sample import Sample
 from actfirst.train.sft import THOUGHTS, ExpertStep, examples
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -137,7 +139,7 @@ async def replay_trajectories(benchmark: Benchmark, pool: Any, tasks: Sequence[A
             done += 1
             if progress and (done % every == 0 or done == total):
                 rate = done / max(1e-9, time.monotonic() - started)
-                print(f"[make_teacher] replayed {done}/{total}, kept {len(kept)} | {rate:.1f}/s", flush=True)
+                logger.info(f"[make_teacher] replayed {done}/{total}, kept {len(kept)} | {rate:.1f}/s")
 
     await asyncio.gather(*(slot(w) for w in pool.workers))
     return [kept[i] for i in sorted(kept)], {s: dict(c) for s, c in counts.items()}
@@ -179,8 +181,9 @@ async def build_samples(benchmark: Benchmark, tokenizer: Any, *, references: str
 
     trajectories = read_trajectories(benchmark, references=references, candidate_files=candidate_files)
     tasks = benchmark.tasks("train")
-    print(f"[make_teacher] {len(trajectories)} trajectories from {len(candidate_files) + (references is not None)} "
-          f"source(s) for {len(tasks)} training tasks; replaying", flush=True)
+    logger.info(f"[make_teacher] {len(trajectories)} trajectories from "
+                f"{len(candidate_files) + (references is not None)} source(s) for {len(tasks)} training tasks; "
+                f"replaying")
     size = max(1, min(workers, len(trajectories)))
     with EnvPool(benchmark.env_spec(), size=size) as pool:
         kept, counts = await replay_trajectories(benchmark, pool, tasks, trajectories, min_score=min_score)
@@ -238,5 +241,5 @@ def warn_unknown(counts: dict[str, Any]) -> None:
     """One warning line per source whose trajectories name tasks outside the training set."""
     for source, c in counts.items():
         if c.get("unknown_task"):
-            print(f"warning: {source}: {c['unknown_task']} trajectories of tasks outside the training set ignored",
-                  file=sys.stderr)
+            logger.warning(f"warning: {source}: {c['unknown_task']} trajectories of tasks outside the training set "
+                           f"ignored")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import math
 import os
 import random
@@ -43,6 +44,8 @@ from actfirst.core.user_input import ConfigError, check_exists
 from actfirst.envs.benchmarks import BENCHMARKS, Benchmark, get_benchmark
 from actfirst.envs.response_format import ACTION_TAGS
 from actfirst.models.hub import is_hub_id
+
+logger = logging.getLogger(__name__)
 
 RECORD = "actfirst_teacher_sft.json"
 """How a teacher made here was trained, in its directory."""
@@ -143,12 +146,13 @@ class TeacherSFTConfig:
 def load_teacher_config(path: str | None, overrides: list[str], *, train_config: str | None = None
                         ) -> TeacherSFTConfig:
     """The config of ``path`` plus overrides; ``train_config``: a training YAML whose ``benchmark`` and ``env`` (and
-    ``references``, when this config names none) the teacher takes, so that it replays what the run trains on."""
+    ``references``, when this config names none) the teacher takes, so that it replays what the run trains on; the
+    ``env.*`` overrides apply to that training config's ``env`` (as the run's own overrides would)."""
     if train_config is None:
         return load_config(TeacherSFTConfig, path, overrides)
     from actfirst.preparation.build import load_run_config
 
-    run = load_run_config(train_config, [])
+    run = load_run_config(train_config, [o for o in overrides if o.startswith(("env.", "env="))])
     taken = [f"benchmark={run.benchmark}", f"env={json.dumps(to_dict(run.env) if run.env is not None else None)}"]
     if run.references is not None:
         taken.append(f"references={run.references}")
@@ -198,9 +202,9 @@ def ensure_examples(cfg: TeacherSFTConfig) -> Path:
         max_prompt_tokens=cfg.max_prompt_tokens, thought=cfg.thoughts, workers=cfg.data_workers))
     write_atomically(work / DATA, json.dumps(record, indent=1))
     write_examples(path, samples)
-    print(f"[make_teacher] {record['samples']} samples ({record['supervised_tokens']} supervised of "
-          f"{record['tokens']} tokens) from {record['trajectories']} trajectories of {record['tasks_covered']}/"
-          f"{record['training_tasks']} training tasks", flush=True)
+    logger.info(f"[make_teacher] {record['samples']} samples ({record['supervised_tokens']} supervised of "
+                f"{record['tokens']} tokens) from {record['trajectories']} trajectories of {record['tasks_covered']}/"
+                f"{record['training_tasks']} training tasks")
     return path
 
 

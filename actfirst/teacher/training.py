@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 from typing import Any
 
@@ -38,6 +39,8 @@ from actfirst.train.head import LMHeadModel
 from actfirst.train.packing import MicroBatch, pack, pad_across_ranks
 from actfirst.train.state import load_training_checkpoint, save_training_checkpoint
 from actfirst.train.student import learning_rate
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(slots=True)
@@ -154,8 +157,7 @@ def train_rank(cfg: TeacherSFTConfig) -> int:
         full = trainer.full_parameters()
         if ctx.lead:
             out = publish(cfg, trainer.policy.model, trainer.tokenizer, full, _record(trainer, final_nll))
-            print(f"[make_teacher] done: {out} (probe NLL {trainer.progress.initial_nll} -> {final_nll})",
-                  flush=True)
+            logger.info(f"[make_teacher] done: {out} (probe NLL {trainer.progress.initial_nll} -> {final_nll})")
     finally:
         shutdown_parallel()
     return 0
@@ -164,11 +166,12 @@ def train_rank(cfg: TeacherSFTConfig) -> int:
 def _loop(trainer: TeacherTrainer) -> None:
     cfg, p, total = trainer.cfg, trainer.progress, len(trainer.plan)
     if trainer.checkpoint is not None:
-        _log(trainer, f"resume: {trainer.checkpoint} (step {p.step}/{total}) on {trainer.ctx.world_size} rank(s)")
+        logger.info(f"[make_teacher] resume: {trainer.checkpoint} (step {p.step}/{total}) on "
+                    f"{trainer.ctx.world_size} rank(s)")
     else:
         p.initial_nll = trainer.probe_nll()
-        _log(trainer, f"{len(trainer.examples)} samples, {total} optimizer steps on {trainer.ctx.world_size} "
-                      f"rank(s); probe NLL {p.initial_nll}")
+        logger.info(f"[make_teacher] {len(trainer.examples)} samples, {total} optimizer steps on "
+                    f"{trainer.ctx.world_size} rank(s); probe NLL {p.initial_nll}")
     started, first = time.perf_counter(), p.step
     last_log = 0.0
     while p.step < total:
@@ -177,8 +180,8 @@ def _loop(trainer: TeacherTrainer) -> None:
         if now - last_log >= 10 or p.step in (first + 1, total):
             last_log = now
             eta = now / (p.step - first) * (total - p.step)
-            _log(trainer, f"step {p.step}/{total} loss {loss:.4f} grad norm {norm:.3f} | {_clock(now)} elapsed, "
-                          f"ETA {_clock(eta)}")
+            logger.info(f"[make_teacher] step {p.step}/{total} loss {loss:.4f} grad norm {norm:.3f} | {_clock(now)} "
+                        f"elapsed, ETA {_clock(eta)}")
         if p.step % cfg.checkpoint_every == 0 and p.step < total:
             trainer.save()
 
@@ -201,8 +204,4 @@ def _clock(seconds: float) -> str:
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
-
-def _log(trainer: TeacherTrainer, text: str) -> None:
-    if trainer.ctx.lead:
-        print(f"[make_teacher] {text}", flush=True)
 

@@ -19,8 +19,8 @@ gives T l_full / ((T - 1) l_fast + max(l_fast, l_full)) (``actfirst.train.speedu
 
 from __future__ import annotations
 
+import logging
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +36,8 @@ from actfirst.envs.workers import EnvPool, EnvWorker
 from actfirst.rollout.runner import EpisodeResult, RolloutRunner
 from actfirst.rollout.strategies import RolloutStrategy, make_strategy
 from actfirst.train.speedup import eq36_speedup
+
+logger = logging.getLogger(__name__)
 
 IDLE = SchedulerConfig(b_max=1, fast_action_admission="wait")
 """One request in the engine at a time."""
@@ -64,8 +66,8 @@ async def _play(runner: RolloutRunner, worker: EnvWorker, tasks: Sequence[Any], 
         episodes.append(await runner.run_episode(task, worker, seed=seed + 1_031 * j))
         if progress:
             done = time.perf_counter() - start
-            print(f"[calibration] {label}: episode {j + 1}/{len(tasks)}, {done:.0f} s, ETA "
-                  f"{done / (j + 1) * (len(tasks) - j - 1):.0f} s", file=sys.stderr, flush=True)
+            logger.info(f"[calibration] {label}: episode {j + 1}/{len(tasks)}, {done:.0f} s, ETA "
+                        f"{done / (j + 1) * (len(tasks) - j - 1):.0f} s")
     return episodes
 
 

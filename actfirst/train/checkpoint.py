@@ -37,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 from actfirst.core.files import fsync_path
+from actfirst.core.user_input import ConfigError
 from actfirst.parallel.context import all_gather_objects, broadcast_object
 
 _TMP = ".tmp-"
@@ -176,6 +177,31 @@ def latest_checkpoint(out_dir: str | Path) -> Path | None:
         return root / name
     complete = [p for _, p in _checkpoints(root) if (p / "checkpoint.json").is_file()]
     return complete[-1] if complete else None
+
+
+NAMED = ("best", "latest")
+"""The checkpoints a command takes by name: ``<out_dir>/checkpoints/best`` and ``.../latest`` name them."""
+
+
+def named_checkpoint(path: str | Path, key: str) -> Path:
+    """The checkpoint directory ``path`` stands for: ``<out_dir>/checkpoints/latest`` the newest committed one,
+    ``<out_dir>/checkpoints/best`` the one of the best evaluation SR (``keep_best``); any other path as it is.
+    ``ConfigError`` naming ``key`` when the run has no such checkpoint."""
+    path = Path(path)
+    if path.name not in NAMED or path.parent.name != "checkpoints":
+        return path
+    root = path.parent
+    if path.name == "latest":
+        found = latest_checkpoint(root.parent)
+        if found is None:
+            raise ConfigError(f"{key}={str(path)!r}: the run in {str(root.parent)!r} has no complete checkpoint")
+        return found
+    best = _read_best(root)
+    if best is None:
+        raise ConfigError(f"{key}={str(path)!r}: the run in {str(root.parent)!r} recorded no best checkpoint (it "
+                          f"keeps one only with keep_best: true and evaluation.every > 0); take "
+                          f"{root / 'latest'}, the last one")
+    return root / best
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

@@ -18,7 +18,13 @@ from actfirst.envs.benchmarks import Benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.evaluation.evaluate import merge_reports, run_evaluation
 from actfirst.evaluation.report import teacher_summary
-from actfirst.parallel.context import ParallelContext, all_gather_objects, broadcast_object, reduce_max
+from actfirst.parallel.context import (
+    ParallelContext,
+    all_gather_objects,
+    broadcast_object,
+    reduce_max,
+    wait_for_ranks,
+)
 from actfirst.train.checkpoint import record_best
 from actfirst.train.clock import RunClock
 from actfirst.train.metrics import MetricsSink
@@ -57,6 +63,7 @@ class TrainingEvaluations:
                         self.plan.spec.seeds)
         report = await self.plan.play(engine, tokenizer, progress=False, pool=pool,
                                        shard=(self.ctx.rank, self.ctx.world_size))
+        wait_for_ranks()  # shares may end hours apart: past the process group's timeout
         parts = all_gather_objects(report)
         wall = reduce_max([time.perf_counter() - t0])[0]
         if self.ctx.lead:

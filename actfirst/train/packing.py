@@ -8,8 +8,14 @@ Isolation comes from ``position_ids`` that restart at 0 for every sample, with n
 Transformers (5.x, ``masking_utils.find_packed_sequence_indices``) turns each restart into a sequence boundary, and
 what each attention implementation then gets for a row of several samples differs (``parallel.attention``):
 
-- flash_attention_2: no mask at all; flash-attn's varlen kernel over ``cu_seqlens`` taken from the restarts
-  (``modeling_flash_attention_utils._is_packed_sequence``): each sample attends causally to itself, no wasted FLOPs.
+- flash_attention_2 (and 3, 4): no mask at all; flash-attn's varlen kernel over the samples' boundaries, each
+  sample attending causally to itself, no wasted FLOPs. The boundaries (``cu_seq_lens``) and the longest sample
+  (``max_length``) are computed here, once per row, and passed to the forward (:func:`final_hidden`): left to
+  itself, transformers derives them from ``position_ids`` in every layer (``_flash_attention_forward`` in
+  ``modeling_flash_attention_utils``: ``_is_packed_sequence``'s Python-side test of a device tensor, then
+  ``prepare_fa_kwargs_from_position_ids``' ``nonzero`` and a tensor max that flash-attn turns into an int), three
+  host syncs per layer, and again in each checkpointed block's recompute. Given all four of ``cu_seq_lens_q/k`` and
+  ``max_length_q/k``, it takes its varlen branch directly, with a Python int for the lengths: no layer syncs.
 - flex_attention: a ``BlockMask`` (block-sparse, 128 x 128 blocks): blocks across two samples are skipped, none is
   materialized. On the CPU, torch (2.13) has no FlexAttention backward, and transformers compiles its forward.
 - sdpa: a dense [1, 1, T, T] boolean mask; it rules out SDPA's flash kernel, repeats K/V to every query head, and
@@ -31,8 +37,9 @@ from actfirst.parallel.context import reduce_max
 from actfirst.rollout.sample import Sample
 
 # The attention implementations whose masks honour position_ids restarts (transformers 5.x masking_utils).
-PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", "flash_attention_2", "flash_attention_3",
-                     "flash_attention_4")
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
+"""The implementations that take a row's sample boundaries as ``cu_seq_lens_q/k`` and ``max_length_q/k``."""
+PACKING_ATTENTION = ("sdpa", "eager", "flex_attention", *VARLEN_ATTENTION)
 
 
 @dataclasses.dataclass(slots=True)
@@ -60,6 +67,11 @@ class MicroBatch:
     elsewhere (the loss's aggregation normalizes it: ``actfirst.train.student``)."""
     samples: list[int]
     """Indices (in the list given to :func:`pack`) of the samples in this row, in row order."""
+    cu_seq_lens: torch.Tensor
+    """[len(samples) + 1] int32: where each sample starts in the row, then the row's length (flash-attn's
+    ``cu_seqlens``)."""
+    max_length: int
+    """The row's longest sample, in tokens (flash-attn's ``max_seqlen``)."""
 
     @property
     def num_tokens(self) -> int:
@@ -109,8 +121,10 @@ def pack(samples: list[Sample], max_tokens: int) -> list[MicroBatch]:
         pos_ids: list[int] = []
         positions: list[int] = []
         sample_idx: list[int] = []
+        starts = [0]
         for i in row:
             s = samples[i]
+            starts.append(starts[-1] + s.num_tokens)
             start = len(ids) + len(s.context_ids)
             ids += s.context_ids + s.response_ids
             pos_ids += range(s.num_tokens)
@@ -134,7 +148,8 @@ def pack(samples: list[Sample], max_tokens: int) -> list[MicroBatch]:
                                      for i, is_sft in zip(row, sft, strict=True) for m in samples[i].loss_mask],
                                     dtype=torch.float32),
             logp_old=torch.tensor([x for i in row for x in samples[i].logprobs], dtype=torch.float32),
-            logp_teacher=teacher, sample_idx=torch.tensor(sample_idx, dtype=torch.long), samples=row))
+            logp_teacher=teacher, sample_idx=torch.tensor(sample_idx, dtype=torch.long), samples=row,
+            cu_seq_lens=torch.tensor(starts, dtype=torch.int32), max_length=max(samples[i].num_tokens for i in row)))
     return out
 
 
@@ -145,7 +160,7 @@ def empty_micro_batch() -> MicroBatch:
     return MicroBatch(input_ids=torch.zeros(2, dtype=torch.long), position_ids=torch.arange(2), positions=
                       torch.zeros(1, dtype=torch.long), targets=torch.zeros(1, dtype=torch.long), mask=zero,
                       logp_old=zero, logp_teacher=zero, sample_idx=torch.zeros(1, dtype=torch.long), sft_weight=zero,
-                      samples=[])
+                      samples=[], cu_seq_lens=torch.tensor([0, 2], dtype=torch.int32), max_length=2)
 
 
 def pad_across_ranks(micro_batches: list[MicroBatch]) -> list[MicroBatch]:
@@ -159,14 +174,19 @@ def final_hidden(model: torch.nn.Module, micro_batch: MicroBatch) -> torch.Tenso
     """Final normalized hidden states [len(positions), H] of a packed forward in which no sample sees another.
 
     ``model`` is a Hugging Face causal LM (``model.model`` its decoder). No attention mask and ``use_cache=False``:
-    transformers only detects packing from position_ids when both are absent.
+    transformers only detects packing from position_ids when both are absent. The flash-attn implementations get the
+    row's boundaries as computed by :func:`pack` (see the module docstring).
     """
     impl = model.config._attn_implementation
     if len(micro_batch.samples) > 1 and impl not in PACKING_ATTENTION:
         raise ValueError(f"attn_implementation={impl!r}: packed rows need one of {PACKING_ATTENTION} "
                          "(others ignore position_ids restarts and would let samples attend to each other)")
+    varlen = {}
+    if impl in VARLEN_ATTENTION:  # self-attention: the queries' boundaries are the keys'
+        cu, longest = micro_batch.cu_seq_lens, micro_batch.max_length
+        varlen = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
     out = model.model(input_ids=micro_batch.input_ids[None], position_ids=micro_batch.position_ids[None],
-                      use_cache=False)
+                      use_cache=False, **varlen)
     return out.last_hidden_state[0, micro_batch.positions]
 
 

@@ -110,13 +110,14 @@ def surveyed_thought(benchmark: Benchmark, step: ExpertStep) -> str:
     then the short thought. A small student learns the fixed text in its warm start, so that OPD's per-token
     advantage can sit on the few tokens that decide, as in the main demo, while a full response still decodes about
     25 times its action's tokens (000 Sec. 5.3 times 128- and 512-token responses against 16-token fast actions).
-    The commands are ScienceWorld's action templates; a transition without templates has no fixed list to
+    The commands are the benchmark's ``Benchmark.action_commands``; a transition without them has no fixed list to
     restate."""
-    if not step.current.templates:
-        raise ValueError("prepare.build_models.thoughts='surveyed' restates ScienceWorld's action templates; the "
-                         f"transition of task {step.task!r} has none")
+    commands = benchmark.action_commands(step.current)
+    if not commands:
+        raise ValueError("prepare.build_models.thoughts='surveyed' restates the action commands a prompt lists; "
+                         f"benchmark {benchmark.name!r}'s transition of task {step.task!r} has none")
     return (f"{_task_restated(step)}\n"
-            f"The action commands: {', '.join(step.current.templates)}.\n"
+            f"The action commands: {', '.join(commands)}.\n"
             f"{short_thought(benchmark, step)}")
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from actfirst.core.config import DEMO_CONFIG, TrainConfig
+from actfirst.core.logs import current_log_dir, setup_logging
 from actfirst.core.threads import thread_counts
 from actfirst.evaluation.report import load_episodes, sr_change, teacher_summary
 from actfirst.preparation.build import ensure_prepared, load_run_config, resolve_models
@@ -26,11 +27,11 @@ def prepare(cfg: TrainConfig, config: str | None, overrides: list[str], *, nproc
             in_child: bool) -> dict[str, float]:
     """Build what the run of ``cfg`` (loaded from ``config`` and ``overrides``, which hand on its resolved models:
     ``actfirst.preparation.build.model_overrides``) needs that is missing (:func:`ensure_prepared`, its rollouts and
-    replay on ``nproc`` ranks). ``in_child``: in a child process, so that no engine or GPU memory of the preparation
-    outlives it into the ranks."""
+    replay on ``nproc`` ranks). ``in_child``: in a child process (logging as this one), so that no engine or GPU
+    memory of the preparation outlives it into the ranks."""
     if not in_child:
         return ensure_prepared(cfg, nproc)
-    with mp.get_context("spawn").Pool(1) as pool:
+    with mp.get_context("spawn").Pool(1, initializer=setup_logging, initargs=(current_log_dir(),)) as pool:
         return pool.apply(_prepare_child, (config, list(overrides), nproc))
 
 
@@ -38,10 +39,11 @@ def _prepare_child(config: str | None, overrides: list[str], nproc: int) -> dict
     return ensure_prepared(resolve_models(load_run_config(config, overrides), download=False), nproc)
 
 
-def run_rank(cfg: TrainConfig, *, resume: bool, config: str | None) -> int:
-    """One rank: train, then (rank 0) write the summary and print where everything is. A failure is reported to the
-    other ranks (they stop) and raised, so that the launcher names this rank and its error; one caused by a lost
-    peer stops this rank naming that peer (``PeerWatch.fail``)."""
+def run_rank(cfg: TrainConfig, *, resume: bool, config: str | None) -> str | None:
+    """One rank: train, then (rank 0) write the summary; returns, on rank 0, the message that says where everything
+    is (:func:`final_message`; None on the others). A failure is reported to the other ranks (they stop) and raised,
+    so that the launcher names this rank and its error; one caused by a lost peer stops this rank naming that peer
+    (``PeerWatch.fail``)."""
     from actfirst.parallel.context import init_parallel, shutdown_parallel
     from actfirst.parallel.watchdog import PeerWatch
     from actfirst.train.trainer import Trainer
@@ -58,11 +60,12 @@ def run_rank(cfg: TrainConfig, *, resume: bool, config: str | None) -> int:
         raise
     if watch is not None:
         watch.stop()
+    message = None
     if ctx.lead:
         summary = write_summary(cfg, config, result, threads={**threads, "end": thread_counts()})
-        print(final_message(cfg, summary), flush=True)
+        message = final_message(cfg, summary)
     shutdown_parallel()
-    return 0
+    return message
 
 
 def write_summary(cfg: TrainConfig, config: str | None, result: TrainResult, *,
@@ -155,6 +158,7 @@ def final_message(cfg: TrainConfig, summary: dict) -> str:
               *(f"  {name + ':':<11} {where}" for name, where in trackers.items()),
               f"  plot:       {out / 'training_curve.png'}",
               (f"  checkpoint: {out / 'checkpoints'} (re-evaluate: python -m actfirst.eval --config "
-               f"{out / 'config.json'} --checkpoint DIR; a model to hand on: python -m actfirst.export DIR --out ...)"),
+               f"{out / 'config.json'} --checkpoint latest; a model to hand on: python -m actfirst.export "
+               f"{out / 'checkpoints' / 'latest'} --out ...; best instead of latest with keep_best)"),
               f"  summary:    {out / 'run_summary.json'}"]
     return "\n".join(lines)

@@ -7,10 +7,15 @@ fused ``logprob_gather`` (never [tokens x vocab] logits).
 
 With several ranks the teacher is either replicated (each rank scores its own samples alone) or sharded with FSDP2
 over the ranks (``parallel.teacher: shard``; every rank then runs as many scoring forwards, empty ones included).
+
+The teacher runs one forward at a time, whoever calls: the update's scoring and UOPD's proposal scores during the
+rollout (``actfirst.rollout.intervention``) both call :meth:`TeacherScorer.score`, from their own threads, and take
+its lock; two forwards at once would hold twice the activations ``micro_batch_tokens`` was sized for.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -55,6 +60,8 @@ class TeacherScorer:
         model.eval().requires_grad_(False)
         self.vocab_size = model.get_output_embeddings().weight.shape[0]
         self.head = LMHeadModel(model)
+        self._forward = threading.Lock()
+        """Held by :meth:`score` around its forwards: one at a time, whichever thread calls."""
         if shard is not None:
             apply_fsdp(self.head, self.head.blocks, shard.mesh)
         elif self.head.model.device.type != "meta":  # (one on the meta device: ``load`` fills it there)
@@ -79,7 +86,7 @@ class TeacherScorer:
     def score(self, samples: list[Sample]) -> None:
         """Set each sample's ``teacher_logprobs``: log pi_teacher(x_{b,j} | c_{b,j}) at temperature 1, every token.
         A sample that has them already (UOPD scored its proposal during the rollout) keeps them: the teacher is
-        frozen, so they would come out the same."""
+        frozen, so they would come out the same. Safe from several threads at once: their forwards take turns."""
         for i, s in enumerate(samples):
             bad = [t for t in s.context_ids + s.response_ids if not 0 <= t < self.vocab_size]
             if bad:
@@ -87,11 +94,12 @@ class TeacherScorer:
                                  f"teacher's vocabulary [0, {self.vocab_size}) ({self.model_dir})")
         samples = [s for s in samples if s.teacher_logprobs is None]  # frozen: a score given once stands
         micro_batches = pack(samples, self.micro_batch_tokens)
-        for mb in pad_across_ranks(micro_batches) if self.sharded else micro_batches:
-            mb = mb.to(self.device)
-            logp, _ = self.head(mb, lambda hidden, weight, mb=mb: logprob_gather(hidden, weight, mb.targets))
-            if not mb.samples:  # padding (a sharded teacher: another rank has more micro-batches)
-                continue
-            parts = logp.cpu().split([len(samples[i].response_ids) for i in mb.samples])
-            for i, part in zip(mb.samples, parts, strict=True):
-                samples[i].teacher_logprobs = part.tolist()
+        with self._forward:
+            for mb in pad_across_ranks(micro_batches) if self.sharded else micro_batches:
+                mb = mb.to(self.device)
+                logp, _ = self.head(mb, lambda hidden, weight, mb=mb: logprob_gather(hidden, weight, mb.targets))
+                if not mb.samples:  # padding (a sharded teacher: another rank has more micro-batches)
+                    continue
+                parts = logp.cpu().split([len(samples[i].response_ids) for i in mb.samples])
+                for i, part in zip(mb.samples, parts, strict=True):
+                    samples[i].teacher_logprobs = part.tolist()

@@ -203,6 +203,17 @@ def installed(module: str) -> bool:
         return False
 
 
+def report_to_list(value: str | list[str]) -> list[str]:
+    """``report_to`` as TRL users write it, as a list of tracker names: a list as it is, ``"none"`` (or
+    ``["none"]``) no tracker, ``"all"`` every installed one, any other string that one tracker."""
+    names = [value] if isinstance(value, str) else list(value)
+    if names == ["none"]:
+        return []
+    if names == ["all"]:
+        return [name for name, tracker in sorted(TRACKERS.items()) if installed(tracker.module)]
+    return names
+
+
 def check_report_to(names: list[str]) -> None:
     """Refuse, naming ``report_to``, a tracker that is unknown, named twice, or not installed."""
     for name in names:

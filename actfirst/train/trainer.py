@@ -394,10 +394,11 @@ class Trainer:
             if self.ctx.device.type == "cuda":  # the current CUDA device is per thread
                 torch.cuda.set_device(self.ctx.device)
             used = set_torch_threads(threads) if threads is not None else torch.get_num_threads()
-            t0 = time.perf_counter()
-            self.teacher.score(samples)
-            t1 = time.perf_counter()
-            metrics = self.updater.update(samples, self.engine.weight_version)
+            with self.engine.update_phase():  # CUDA: the update's own stream, finished on the GPU when it ends
+                t0 = time.perf_counter()
+                self.teacher.score(samples)
+                t1 = time.perf_counter()
+                metrics = self.updater.update(samples, self.engine.weight_version)
             return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1, **kernel_paths(),
                     "cpu/engine_threads": engine_threads, "cpu/update_threads": used}
 

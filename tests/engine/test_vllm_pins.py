@@ -1,4 +1,5 @@
-"""vLLM's behaviour pinned by ``actfirst/engine/llm.py`` (docs/engine.md, "CUDA graphs, async scheduling, sleep"): async
+"""vLLM's behaviour pinned by ``actfirst/engine/llm.py`` (docs/engine.md, "The model runner" and "CUDA graphs, async
+scheduling, sleep"): the V1 model runner where vLLM would pick V2 (a GPU's path), checked at start; async
 scheduling off in the real engine, and off where vLLM would turn it on (the CUDA platform's path); the weight
 reload's signature checked at start; the versions in pyproject.toml equal to the one the code is written against."""
 
@@ -9,14 +10,56 @@ import pytest
 
 from actfirst.core.config import EngineConfig
 from actfirst.engine.llm import (
+    V1_RUNNER,
     VLLM_VERSION,
+    ModelRunnerError,
     VLLMVersionError,
-    _check_worker_reload,
+    _check_worker,
+    check_model_runner,
     check_reload_signature,
     vllm_arguments,
 )
+from actfirst.engine.process import RUNNER_ENV, pin_environment
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_v1_model_runner_where_vllm_would_pick_v2(tiny_model_dir, monkeypatch):
+    """vLLM's own choice, on the path a GPU takes (Triton present): Model Runner V2 when nothing pins it, V1 under
+    the environment every engine here sets (read live: vLLM's environment cache set aside for the test)."""
+    import vllm.config.vllm as vllm_config
+    import vllm.envs as envs
+    from vllm.engine.arg_utils import EngineArgs
+
+    monkeypatch.setattr(vllm_config, "HAS_TRITON", True)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.delenv(RUNNER_ENV, raising=False)
+    cfg = EngineConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=256, max_num_batched_tokens=256)
+    config = EngineArgs(**vllm_arguments(cfg, world_size=1, cuda=False)).create_engine_config()
+    cached = envs._is_envs_cache_enabled()
+    envs.disable_envs_cache()
+    try:
+        assert config.use_v2_model_runner is True
+        pin_environment()
+        assert config.use_v2_model_runner is False
+    finally:
+        if cached:
+            envs.enable_envs_cache()
+
+
+def test_the_model_runner_is_checked_at_start(engine):
+    """The engine runs V1 (the check passes in it); a V2 runner, or V1 where vLLM's config says V2, stops a start."""
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
+
+    runner = engine.vllm.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    check_model_runner(runner, use_v2=False)
+    for found, use_v2 in ((V2Runner.__new__(V2Runner), False), (runner, True)):
+        with pytest.raises(ModelRunnerError) as error:
+            check_model_runner(found, use_v2=use_v2)
+        name = f"{type(found).__module__}.{type(found).__qualname__}"
+        assert str(error.value).startswith(f"vLLM runs the model runner {name} (use_v2_model_runner={use_v2}); "
+                                           f"ActFirst pins the V1 runner {V1_RUNNER}")
+        assert f"{RUNNER_ENV} must be 0" in str(error.value)
 
 
 def test_the_real_engine_schedules_synchronously(engine):
@@ -72,7 +115,7 @@ def reload_weights_fault_injection(self) -> None:
 def test_the_reload_signature_is_checked(engine):
     import vllm
 
-    engine.vllm.llm.collective_rpc(_check_worker_reload, args=(vllm.__version__,))  # the installed one passes
+    engine.vllm.llm.collective_rpc(_check_worker, args=(vllm.__version__,))  # the installed one passes
     for method, found in ((reload_weights_fault_injection, "it has GPUModelRunner.reload_weights(self) -> None"),
                           (None, "it has no GPUModelRunner.reload_weights")):
         with pytest.raises(VLLMVersionError) as error:

@@ -4,10 +4,12 @@ import json
 import shutil
 
 import pytest
+from turn_checks import turn_check
 
-from actfirst.envs.alfworld.checks import alfworld_check
+from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.alfworld.env import ALFWorldTask, ALFWorldTextEnv, alfworld_tasks, walkthrough
 from actfirst.envs.alfworld.games import TASK_TYPES, generate_game, generated_split, unseen_floor_plan
+from actfirst.envs.benchmarks import get_benchmark
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +86,10 @@ def test_alfworld_data_splits(tmp_path, alfworld_games):
     assert [t.game_file.split("/")[-3] for t in tasks] == ["pick_and_place_simple-Mug-None-Shelf-1"]
     with pytest.raises(ValueError, match="split='test'"):
         generated_split("test", tmp_path / "games")
+
+
+def alfworld_check(**kwargs):
+    return turn_check(get_benchmark("alfworld", ALFWorldConfig(games="generated")), **kwargs)
 
 
 def test_alfworld_check_on_real_transitions(alfworld_games):

@@ -18,8 +18,10 @@ from actfirst.envs.benchmarks import BENCHMARKS, EnvSpec, config_path, get_bench
 from actfirst.envs.checks import CheckResult
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.tasks import SIMPLIFICATIONS, TASK_TYPES
+from actfirst.envs.scienceworld.transition import ScienceWorldTransition
 from actfirst.envs.webshop.checks import SEARCH_MISMATCH_ALLOWED
 from actfirst.envs.webshop.config import WebShopConfig
+from actfirst.envs.webshop.transition import WebShopTransition
 from actfirst.envs.workers import EnvPool
 from actfirst.preparation.reference_cache import build_references
 
@@ -127,23 +129,27 @@ def test_webshop_splits_keys_and_reference_observation():
 
 
 def test_action_validity():
-    current = Transition(observation="o", admissible=("go to desk 1", "help", "b09abc1234"), score=0, done=False,
-                         won=False, has_search_bar=True)
+    shared = dict(observation="o", admissible=("go to desk 1", "help", "b09abc1234"), score=0, done=False, won=False)
+    current, page = Transition(**shared), WebShopTransition(**shared, has_search_bar=True)
     alfworld, scienceworld, webshop = (get_benchmark(n) for n in ("alfworld", "scienceworld", "webshop"))
     assert alfworld.valid_action("Go to  desk 1", current) and not alfworld.valid_action("help", current)
     assert scienceworld.valid_action("help", current) and not scienceworld.valid_action("go to desk 2", current)
-    assert webshop.valid_action("search[red shirt]", current) and webshop.valid_action("click[B09ABC1234]", current)
-    assert not webshop.valid_action("go to desk 1", current) and not webshop.valid_action("click[b00]", current)
+    assert webshop.valid_action("search[red shirt]", page) and webshop.valid_action("click[B09ABC1234]", page)
+    assert not webshop.valid_action("go to desk 1", page) and not webshop.valid_action("click[b00]", page)
+    assert not webshop.valid_action("search[red shirt]", WebShopTransition(**shared))  # no search bar
 
 
 def test_prompt_fields():
-    current = Transition(observation="o", admissible=("go to desk 1", "b09abc1234"), score=0, done=False, won=False,
-                         templates=("look around", "go to LOC"), objects=("kitchen",), has_search_bar=True)
-    assert get_benchmark("alfworld").prompt_fields(current) == {"admissible_actions": "'go to desk 1', 'b09abc1234'"}
-    assert get_benchmark("scienceworld").prompt_fields(current) == {"action_templates": "look around, go to LOC",
-                                                                    "objects": "kitchen"}
-    assert get_benchmark("webshop").prompt_fields(current) == {
+    shared = dict(observation="o", admissible=("go to desk 1", "b09abc1234"), score=0, done=False, won=False)
+    assert get_benchmark("alfworld").prompt_fields(Transition(**shared)) == {
+        "admissible_actions": "'go to desk 1', 'b09abc1234'"}
+    room = ScienceWorldTransition(**shared, templates=("look around", "go to LOC"), objects=("kitchen",))
+    assert get_benchmark("scienceworld").prompt_fields(room) == {"action_templates": "look around, go to LOC",
+                                                                 "objects": "kitchen"}
+    assert get_benchmark("webshop").prompt_fields(WebShopTransition(**shared, has_search_bar=True)) == {
         "available_actions": "'search[<your query>]',\n'click[go to desk 1]',\n'click[b09abc1234]'"}
+    assert get_benchmark("scienceworld").action_commands(room) == ("look around", "go to LOC")
+    assert get_benchmark("alfworld").action_commands(Transition(**shared)) == ()  # none but ScienceWorld's
 
 
 # -- WebShop's check over an episode (pages in WebShop's text format; WebShop itself is not installable here) ----
@@ -157,8 +163,8 @@ def page(n, *asins):
 
 
 def state(observation, clickables=(), *, search=False, done=False, score=0.0):
-    return Transition(observation=observation, admissible=tuple(clickables), score=score, done=done,
-                      won=score >= 99.999, has_search_bar=search)
+    return WebShopTransition(observation=observation, admissible=tuple(clickables), score=score, done=done,
+                             won=score >= 99.999, has_search_bar=search)
 
 
 HOME = state(f"{INSTRUCTION} [SEP] Search", search=True)
@@ -218,15 +224,15 @@ def test_webshop_ranks_by_score_then_length():
 
 @pytest.mark.skipif(WEBSHOP_INSTALLED, reason="WebShop is installed")
 def test_webshop_environment_needs_webshop_installed():
-    with pytest.raises(ImportError, match="git clone https://github.com/princeton-nlp/WebShop"):
+    with pytest.raises(ImportError, match="bash scripts/setup_webshop.sh --catalog"):
         get_benchmark("webshop", WebShopConfig(max_turns=7, num_products=100)).make_env()
 
 
-@pytest.mark.skipif(not WEBSHOP_INSTALLED, reason="WebShop is not installed (its code and data are not on PyPI)")
+@pytest.mark.skipif(not WEBSHOP_INSTALLED, reason="WebShop is not installed (bash scripts/setup_webshop.sh)")
 def test_webshop_config_reaches_the_environment():
     env = get_benchmark("webshop", WebShopConfig(max_turns=7, num_products=100)).make_env()
-    try:
-        assert env.max_turns == 7 and env.num_products == 100
+    try:  # the connection to the node's server opens at the first episode
+        assert env.max_turns == 7 and env.product_file == "items_shuffle.json"
     finally:
         env.close()
 
@@ -249,7 +255,47 @@ def test_references_are_built_only_by_the_configured_environment(tmp_path):
 
 def test_reference_cache_lines_round_trip():
     line = REFERENCE.to_json()
-    assert Reference.from_json(line) == REFERENCE and json.loads(line)["task"] == "0"
+    assert Reference.from_json(line, WebShopTransition) == REFERENCE and json.loads(line)["task"] == "0"
+    assert json.loads(line)["transitions"][0]["has_search_bar"] is True
+    # a transition crosses to a worker process and back whole, of its benchmark's class
+    assert pickle.loads(pickle.dumps(REFERENCE.transitions)) == REFERENCE.transitions
+
+
+# One transition of each benchmark as its cache line held it before each benchmark's data moved into its own
+# Transition subclass: every benchmark's fields on every line.
+OLD_LINES = {
+    "alfworld": {"observation": "You arrive at desk 1.", "admissible": ["go to bed 1", "look"], "score": 0.0,
+                 "done": False, "won": False, "valid": True, "turn": 1, "truncated": False,
+                 "task_description": "put a pen on the bed.", "templates": [], "objects": [],
+                 "has_search_bar": False},
+    "scienceworld": {"observation": "This room is called the kitchen.", "admissible": [], "score": 8.0,
+                     "done": False, "won": False, "valid": True, "turn": 2, "truncated": False,
+                     "task_description": "Your task is to boil water.", "templates": ["look around", "go to LOC"],
+                     "objects": [], "has_search_bar": False},
+    "webshop": {"observation": "WebShop [SEP] Search", "admissible": [], "score": 0.0, "done": False, "won": False,
+                "valid": True, "turn": 0, "truncated": False, "task_description": "i need a red shirt",
+                "templates": [], "objects": [], "has_search_bar": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(OLD_LINES))
+def test_a_cache_written_before_the_transition_subclasses_loads(name, tmp_path):
+    from actfirst.preparation.reference_cache import load_references, transition_config
+
+    benchmark = get_benchmark(name)
+    cache = tmp_path / "refs.jsonl"
+    cache.write_text(json.dumps({"task": "t", "actions": ["look"], "source": "old",
+                                 "transitions": [OLD_LINES[name], {**OLD_LINES[name], "turn": 9}]}) + "\n")
+    cache.with_name("refs.jsonl.meta.json").write_text(json.dumps({
+        "benchmark": name, "config": transition_config(benchmark.config), "coverage": 1.0}))
+    for given in (benchmark, None):  # None: the class of the benchmark the metadata names
+        (first, last) = load_references(cache, benchmark=given)["t"].transitions
+        assert type(first) is benchmark.transition_class and last.turn == 9
+        assert {k: list(v) if isinstance(v, tuple) else v for k, v in first.to_dict().items()} == {
+            k: v for k, v in OLD_LINES[name].items() if k in first.to_dict()}
+    assert (getattr(first, "templates", ()), getattr(first, "has_search_bar", False)) == {
+        "alfworld": ((), False), "scienceworld": (("look around", "go to LOC"), False),
+        "webshop": ((), True)}[name]
 
 
 def test_the_registry_loads_the_packages_without_their_simulators():
@@ -275,3 +321,40 @@ def test_registration_refuses_what_is_not_a_benchmark():
     nameless = type("Nameless", (BENCHMARKS["alfworld"],), {"name": "not a name"})
     with pytest.raises(TypeError, match=r"Nameless.name='not a name': must be an identifier"):
         register_benchmark(nameless)
+
+
+def test_the_default_config_files_are_package_data():
+    """Each built-in benchmark's default config is ``<name>.yaml`` in its package, and every non-Python file of the
+    benchmark packages is in pyproject's package-data, so that a wheel carries it."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    envs = root / "actfirst" / "envs"
+    for name in ("alfworld", "scienceworld", "search", "webshop"):
+        assert config_path(name) == envs / name / f"{name}.yaml"
+    package_data = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = [p for p in envs.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")]
+    assert {p.suffix for p in data} == {".yaml", ".txt"}
+    for path in data:
+        patterns = package_data.get(f"actfirst.envs.{path.parent.name}", [])
+        assert any(fnmatch.fnmatch(path.name, p) for p in patterns), f"{path.relative_to(root)}: not package data"
+
+
+def test_a_former_configs_envs_path_still_loads(caplog, tmp_path, monkeypatch):
+    """Command lines and configs written when the default files were under ``configs/envs/`` keep working: the file is
+    read where it is now, with a warning that names that place."""
+    monkeypatch.chdir(tmp_path)  # whatever the working directory
+    for name in ("alfworld", "scienceworld", "webshop"):
+        with caplog.at_level("WARNING", logger="actfirst.envs.benchmarks"):
+            assert load_benchmark(name, f"configs/envs/{name}.yaml", ["max_turns=7"]).config == \
+                load_benchmark(name, overrides=["max_turns=7"]).config
+        assert f"read from {config_path(name)}" in caplog.text
+    old = WebShopConfig(num_products=1000, train_goals="configs/envs/webshop/003-train.txt",
+                        eval_goals="/repo/configs/envs/webshop/003-test-128.txt")
+    assert [len(get_benchmark("webshop", old).tasks(s)) for s in ("train", "eval")] == [6410, 128]  # 003's D.1
+    with pytest.raises(ConfigError, match=r"train_goals='configs/envs/webshop/nothing.txt': no such file"):
+        WebShopConfig(train_goals="configs/envs/webshop/nothing.txt")
+    with pytest.raises(ConfigError, match=r"--config='configs/envs/nothing.yaml'"):
+        load_benchmark("alfworld", "configs/envs/nothing.yaml")

@@ -1,12 +1,17 @@
-"""Transition checks (Appendix B.5) on observations from the real ScienceWorld simulator, both ways."""
+"""Transition checks (Appendix B.5, ``Benchmark.check``) on observations from the real ScienceWorld simulator, both
+ways, and on ALFWorld's rules."""
 
 import random
 
 import pytest
+from turn_checks import turn_check
 
-from actfirst.envs.alfworld.checks import alfworld_check
+from actfirst.envs.base import Reference
+from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.checks import CheckResult, normalize_set, normalize_text
-from actfirst.envs.scienceworld.checks import normalize_scienceworld_observation, scienceworld_check
+from actfirst.envs.scienceworld.checks import normalize_scienceworld_observation
+
+pytestmark = pytest.mark.usefixtures("alfworld_data")  # ALFWorld's default config (games: real) loads
 
 GOLD_STEPS = 6  # boil, easy, variation 0: 'go to kitchen', ..., 'open cupboard', 'pick up metal pot', 'look around'
 
@@ -45,7 +50,11 @@ def sw_check(step, ref, **override):
                   next_observation=step["obs"], ref_next_observation=ref["obs"], next_templates=step["templates"],
                   ref_next_templates=ref["templates"])
     kwargs.update(override)
-    return scienceworld_check(**kwargs)
+    return turn_check(get_benchmark("scienceworld"), **kwargs)
+
+
+def alfworld_check(**kwargs):
+    return turn_check(get_benchmark("alfworld"), **kwargs)
 
 
 def test_normalize_text_rules():
@@ -122,3 +131,11 @@ def test_alfworld_rules():
     assert alfworld_check(**{**base, "ref_next_admissible": adm[1:]}).reason == "admissible actions mismatch"
     # Terminal transitions skip the admissible-action comparison.
     assert alfworld_check(**{**base, "done": True, "ref_done": True, "ref_next_admissible": []}).passed
+
+
+def test_a_benchmark_without_reference_trajectories_has_nothing_to_check():
+    search = get_benchmark("search")
+    state = search.transition_class(observation="q", admissible=(), score=0.0, done=False, won=False)
+    with pytest.raises(NotImplementedError, match="benchmark 'search' has no reference trajectories"):
+        search.check(Reference("q", ["<search>x</search>"], [state, state], "test"), 0, action="<answer>y</answer>",
+                     current=state, next=state)

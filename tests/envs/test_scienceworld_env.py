@@ -1,5 +1,7 @@
 """ScienceWorld behind the environment interface, on the real simulator (easy preset)."""
 
+import itertools
+
 import pytest
 
 from actfirst.envs.checks import normalize_text
@@ -34,7 +36,7 @@ def test_gold_path_succeeds_with_score_and_validity(env):
     assert [s.valid for s in steps] == [not a.startswith("open door") for a in gold]
     assert [s.turn for s in steps] == list(range(1, len(gold) + 1))
     assert steps[-1].done and steps[-1].won and steps[-1].score == 100.0
-    assert all(a.score <= b.score for a, b in zip(steps, steps[1:], strict=True))
+    assert all(a.score <= b.score for a, b in itertools.pairwise(steps))
 
 
 def test_score_is_the_best_reached_and_never_negative(env):

@@ -9,7 +9,7 @@ from actfirst.core.user_input import ConfigError
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.tasks import TASK_TYPES, scienceworld_splits
 
-CONFIG = Path(__file__).parents[2] / "configs" / "envs" / "scienceworld.yaml"
+CONFIG = Path(__file__).parents[2] / "actfirst" / "envs" / "scienceworld" / "scienceworld.yaml"
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,11 @@
 """WebShop parsing, transition-check rules (Appendix B.5) and oracle solutions (C.2), on pages and goals in WebShop's
-own formats; where WebShop is installed, also its goals across worker processes (C.1) and the oracle's replay.
+own formats, with or without WebShop installed (the real simulator's tests: test_webshop_server.py).
 
-WebShop cannot be installed here (its code and data are not on PyPI), so the pages below are written in the
-format of its text environment (observation mode "text": elements joined by " [SEP] "; the "text_rich" mode's
-click notifications "You have clicked ..." on their own lines) and the goals in the format of its goal list.
+The pages below are written in the format of its text environment (observation mode "text": elements joined by
+" [SEP] "; the "text_rich" mode's click notifications "You have clicked ..." on their own lines) and the goals in the
+format of its goal list.
 """
 
-import asyncio
-import builtins
-import importlib.util
 import json
 import re
 from pathlib import Path
@@ -17,6 +14,7 @@ import pytest
 
 from actfirst.core.user_input import ConfigError
 from actfirst.envs.benchmarks import get_benchmark
+from actfirst.envs.webshop import install
 from actfirst.envs.webshop.checks import (
     is_search_results,
     normalize_webshop_observation,
@@ -28,9 +26,7 @@ from actfirst.envs.webshop.checks import (
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.webshop.env import (
     WebShopGoal,
-    WebShopTask,
     WebShopTextEnv,
-    catalog_path,
     instruction_of,
     oracle_actions,
     oracle_option_clicks,
@@ -39,13 +35,10 @@ from actfirst.envs.webshop.env import (
     strip_instruction,
     webshop_split,
 )
-from actfirst.envs.workers import EnvPool
-from actfirst.preparation.reference_cache import load_references, replay, transition_config
+from actfirst.envs.webshop.server import catalog_path
+from actfirst.preparation.reference_cache import load_references, transition_config
 
-POOLS = Path(__file__).resolve().parents[2] / "configs" / "envs" / "webshop"
-WEBSHOP_INSTALLED = importlib.util.find_spec("web_agent_site") is not None
-needs_webshop = pytest.mark.skipif(not WEBSHOP_INSTALLED,
-                                   reason="WebShop is not installed (its code and data are not on PyPI)")
+POOLS = Path(__file__).resolve().parents[2] / "actfirst" / "envs" / "webshop"
 
 INSTRUCTION = "WebShop [SEP] Instruction: [SEP] i need a red cotton shirt, and price lower than 40.00 dollars"
 HOME = f"{INSTRUCTION} [SEP] Search"
@@ -240,49 +233,9 @@ def test_a_reference_cache_records_its_catalog(tmp_path):
     (tmp_path / "webshop.jsonl.meta.json").write_text(json.dumps(meta))
     assert meta["config"]["product_file"] == "items_shuffle_1000.json"
     assert load_references(cache, benchmark=get_benchmark("webshop", config)) == {}
-    with pytest.raises(ConfigError, match=r"built under another webshop config \(3 key\(s\) differ, e.g. "
+    with pytest.raises(ConfigError, match=r"built under another webshop config \(4 key\(s\) differ, e.g. "
                                           r"attribute_file: cache 'items_ins_v2_1000.json', run 'items_ins_v2.json'"):
         load_references(cache, benchmark=get_benchmark("webshop"))
-
-
-# -- With WebShop installed: goals across processes (C.1) and the oracle's replay (C.2) ---------------------------
-
-GOAL_SAMPLE = [WebShopTask(i) for i in (0, 1, 2, 3, 100, 1000, 4095, 4096, 4195)]
-
-
-@needs_webshop
-def test_two_worker_processes_build_identical_goals():
-    """WebShop draws prices and price caps from `random` before seeding 233; two spawned workers (each with its own
-    random state) must still build the same goals, instructions included."""
-    benchmark = get_benchmark("webshop")
-
-    async def goals():
-        with EnvPool(benchmark.env_spec(), size=2) as pool:
-            return [[await w.acall("goal", t) for t in GOAL_SAMPLE] for w in pool.workers]
-
-    first, second = asyncio.run(goals())
-    assert first == second
-    assert len({g.instruction for g in first}) == len(GOAL_SAMPLE)
-
-
-@needs_webshop
-def test_oracle_solutions_replay_to_a_purchase():
-    benchmark = get_benchmark("webshop")
-
-    async def play():
-        with EnvPool(benchmark.env_spec(), size=1) as pool:
-            worker = pool.workers[0]
-            out = []
-            for task in GOAL_SAMPLE[:5]:
-                for source, actions in await benchmark.candidates(worker, task):
-                    out.append((source, actions, *(await replay(worker, task, actions))))
-            return out
-
-    played = asyncio.run(play())
-    assert played  # the oracle found its product for at least one of five goals
-    for source, actions, executed, transitions in played:
-        assert source == "oracle" and executed == actions and transitions[-1].done
-        assert all(t.valid for t in transitions[1:]) and benchmark.accepts_reference(transitions[-1])
 
 
 def test_splits_and_missing_install(monkeypatch):
@@ -290,15 +243,8 @@ def test_splits_and_missing_install(monkeypatch):
     assert len(webshop_split("eval")) == 100
     with pytest.raises(ValueError, match="split='test'"):
         webshop_split("test")
-    real_import = builtins.__import__
-
-    def no_webshop(name, *args, **kwargs):  # fault injection: WebShop absent even where it is installed
-        if name.startswith("web_agent_site"):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_webshop)
-    with pytest.raises(ImportError, match="git clone https://github.com/princeton-nlp/WebShop"):
+    monkeypatch.setattr(install, "find_install", lambda: None)  # fault injection: WebShop absent where it is not
+    with pytest.raises(ImportError, match="bash scripts/setup_webshop.sh --catalog preview"):
         WebShopTextEnv()
 
 

@@ -1,7 +1,9 @@
 """Environment worker processes: the configured environment, results, failures, restarts and clean shutdown, with
 real ScienceWorld JVMs and ALFWorld games.
 
-Faults are injected by killing real processes (SIGKILL, SIGINT), not by test doubles.
+Faults are injected by killing real processes (SIGKILL, SIGINT), and, where a restart or a call that never answers
+is what matters, by a fault-injection environment (``fault_injection_env.py``) that is slow to start and whose step
+crashes or hangs its worker.
 """
 
 import asyncio
@@ -11,10 +13,12 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
 import pytest
+from fault_injection_env import fault_injection_spec
 
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import get_benchmark
@@ -226,6 +230,85 @@ def test_async_calls_never_block_the_loop():
         assert ticks > 1  # the loop kept turning while the workers loaded their tasks (a blocking call: 1 at most)
         pids = [p for w in pool.workers for p in w.pids()]
     assert wait_gone(pids) == []  # closing the pool leaves nothing behind
+
+
+def test_a_restart_runs_off_the_event_loop_fault_injection():
+    """Fault injection: a step that ends its worker process (``os._exit``), on an environment that takes 1.5 s to
+    start. The step fails with WorkerDied once the worker has restarted, and meanwhile the loop keeps turning: a
+    ticker coroutine counts its turns during the call (a restart inside the loop's thread leaves it 1 or 2)."""
+    worker = EnvWorker(fault_injection_spec(start_delay_s=1.5, step="crash"))
+    worker.start()
+
+    async def main():
+        await worker.areset(0)
+        ticks, started = 0, time.monotonic()
+        call = asyncio.ensure_future(worker.astep("wait"))
+        while not call.done():
+            ticks += 1
+            await asyncio.sleep(0.01)
+        return ticks, time.monotonic() - started, call.exception()
+
+    try:
+        ticks, call_s, died = asyncio.run(main())
+        assert isinstance(died, WorkerDied) and "died (exit code 1); restarted as" in str(died), died
+        assert worker.restarts == 1 and call_s >= 1.5  # the restart ran within the call
+        assert ticks >= 20, f"the loop turned {ticks} times in the {call_s:.1f} s of a restart"
+        assert asyncio.run(worker.areset(1)).observation == "task 1"  # the restarted worker plays on
+    finally:
+        worker.close()
+
+
+def test_a_cancelled_call_that_never_answers_is_drained_within_its_limit_fault_injection():
+    """Fault injection: a step that never answers, cancelled. The next call waits for the reply it owes no longer
+    than that step's limit (1 s), then kills and restarts the worker and plays on the new one."""
+    worker = EnvWorker(fault_injection_spec(step="hang"), call_timeout_s=1.0)
+    worker.start()
+    old = worker.pid
+
+    async def main():
+        await worker.areset(0)  # the first call after a start gets the start-up time; the step gets 1 s
+        hung = asyncio.create_task(worker.astep("wait"))
+        await asyncio.sleep(0.2)
+        hung.cancel()
+        await asyncio.gather(hung, return_exceptions=True)
+        return await worker.areset(1)
+
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(first=asyncio.run(main())), daemon=True)
+    try:
+        runner.start()
+        runner.join(30)
+        assert not runner.is_alive(), "the next call still waits for the cancelled call's reply after 30 s"
+        assert outcome["first"].observation == "task 1" and worker.restarts == 1
+        assert f"worker {old} gave no reply to a cancelled call" in worker.last_death and wait_gone([old]) == []
+    finally:
+        worker.close()
+
+
+def test_close_cuts_a_restart_short_fault_injection():
+    """Fault injection: a step that ends its worker process, whose restart then waits on an environment that takes
+    10 minutes to start (in a thread: the loop goes on). Closing the worker meanwhile kills the process it waits on:
+    close returns at once, the call fails with WorkerDied, nothing is left."""
+    worker = EnvWorker(fault_injection_spec(step="crash"))
+    worker.start()
+    old = worker.pid
+    worker.spec = fault_injection_spec(start_delay_s=600, step="crash")  # every later start
+
+    async def main():
+        await worker.areset(0)
+        call = asyncio.ensure_future(worker.astep("wait"))
+        while worker.pid in (old, None):  # until the restart has started its new process
+            await asyncio.sleep(0.05)
+        pids = worker.pids()
+        started = time.monotonic()
+        worker.close()
+        closed_s = time.monotonic() - started
+        return pids, closed_s, (await asyncio.gather(call, return_exceptions=True))[0]
+
+    pids, closed_s, died = asyncio.run(asyncio.wait_for(main(), 120))
+    assert closed_s < 30, f"close waited {closed_s:.0f} s for the restart"
+    assert isinstance(died, WorkerDied) and "closed while it started" in str(died), died
+    assert worker.pid is None and wait_gone([old, *pids]) == []
 
 
 SCRIPT = textwrap.dedent("""

@@ -1,8 +1,9 @@
-"""A benchmark defined only under tests/ (``toy_benchmark.py``: its config, environment, transition check, prompt
-templates and ``Benchmark``, plus its ``toy.yaml``), registered through the public registry, through every stage with
-no file under ``actfirst/`` for it: an ActFirst-OPD rollout with a reference on the real engine, one training update
-of the trainer on tiny models, and an evaluation. Its environment workers are spawned processes that never read the
-registry: they receive the toy's class by reference."""
+"""A benchmark defined only under tests/ (``toy_benchmark.py``: its config, environment, prompt templates and
+``Benchmark``, whose transition check is the default one, plus its ``toy.yaml``), registered through the public
+registry, through every stage with no file under ``actfirst/`` for it: an ActFirst-OPD rollout with a reference on the
+real engine, one training update by ``python -m actfirst.run --config tests/toy/train.yaml`` (its
+``benchmark_module`` registers the toy in the run's processes) on tiny models, and an evaluation. Its environment
+workers are spawned processes that never read the registry: they receive the toy's class by reference."""
 
 import asyncio
 import json
@@ -12,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 from toy_benchmark import ToyBenchmark, ToyConfig, ToyTask
 from transformers import AutoTokenizer
 
@@ -27,14 +27,8 @@ from actfirst.preparation.reference_cache import build_references, load_referenc
 from actfirst.rollout.runner import RolloutRunner
 from actfirst.rollout.strategies import ActionSource, make_strategy
 
-TRAIN = ("import sys, toy_benchmark\n"
-         "from actfirst.core.config import TrainConfig\n"
-         "from actfirst.parallel.context import init_parallel\n"
-         "from actfirst.core.schema import load_config\n"
-         "from actfirst.train.trainer import Trainer\n"
-         "Trainer(load_config(TrainConfig, sys.argv[1]), init_parallel(), resume=False).train()\n")
-"""The trainer in a process of its own (its engine's shutdown ends vLLM's state in its process), with the toy
-registered by importing its module."""
+TRAIN_CONFIG = Path(__file__).parent / "train.yaml"
+"""The toy's training config (``benchmark_module: toy_benchmark``; placeholders for the models, the cache, out_dir)."""
 BUDGET = ThinkingBudgetConfig(first_stage=24, total=32, eval_first_stage=24, eval_total=32, second_stage=8,
                               fast_action_tokens=6)
 ROLLOUT = RolloutConfig(strategy="actfirst", batch_tasks=2, max_prompt_tokens=1500, budget=BUDGET)
@@ -109,34 +103,41 @@ def test_an_actfirst_episode_with_a_reference(toy, engine, tiny_model_dir):
     assert len(batch.samples) == sum(e.num_turns for e in batch.episodes) > 0
 
 
-def test_one_training_update(toy, engine, tiny_model_dir, tmp_path):
-    """The trainer on the toy (``env:`` absent: its default file), one update of the tiny student from a tiny
-    teacher: rollouts in the toy's workers, teacher scoring, the update and the weight sync."""
+def test_one_training_update(toy, tiny_model_dir, tmp_path):
+    """``python -m actfirst.run`` on the toy's training config (``env:`` absent: its default file), in a process that
+    imports nothing of the toy but through ``benchmark_module``: one update of the tiny student from a tiny teacher,
+    rollouts in the toy's workers, teacher scoring, the update and the weight sync."""
     refs = toy[2]
     teacher = build_model(ModelConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                                       num_key_value_heads=1, head_dim=32, intermediate_size=128, seed=7),
                           tmp_path / "teacher")
-    path = tmp_path / "toy.yaml"
-    path.write_text(yaml.safe_dump({
-        "benchmark": "toy", "teacher": str(teacher), "references": str(refs), "out_dir": str(tmp_path / "run"),
-        "student": {"model": str(tiny_model_dir), "dtype": "float32", "max_model_len": 2048, "max_num_seqs": 16,
-                    "max_num_batched_tokens": 4096, "kv_cache_gib": 1},
-        "scheduler": {"b_max": 16},
-        "rollout": {"strategy": "actfirst", "batch_tasks": 2, "max_prompt_tokens": 1500,
-                    "budget": {"first_stage": 12, "total": 16, "second_stage": 4, "fast_action_tokens": 6}},
-        "optim": {"lr": 1e-3}, "batch_samples": 2, "micro_batch_tokens": 4096, "num_updates": 1,
-        "probe_contexts": 0}))
-    assert load_config(TrainConfig, path).env is None
+    paths = [f"student.model={tiny_model_dir}", f"teacher={teacher}", f"references={refs}",
+             f"out_dir={tmp_path / 'run'}"]
+    cfg = load_config(TrainConfig, TRAIN_CONFIG, paths)
+    assert (cfg.benchmark, cfg.benchmark_module, cfg.env) == ("toy", "toy_benchmark", None)
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", TRAIN, str(path)], env=env, capture_output=True, text=True,
-                          check=False, timeout=600)
+    command = [sys.executable, "-m", "actfirst.run", "--config", str(TRAIN_CONFIG), *paths]
+    unknown = subprocess.run([*command, "benchmark_module=null"], env=env, capture_output=True, text=True, check=False,
+                             timeout=600)  # the toy's module on the path, but nothing imports it
+    assert unknown.returncode == 2 and "benchmark='toy': must be one of" in unknown.stderr, unknown.stderr[-3000:]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["update"] == 1 and row["weight_version"] == 1 and row["num_supervised"] > 0
     assert row["skipped"] == 0 and row["discarded_tokens"] == 0
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert (saved["benchmark"], saved["env"]) == ("toy", None)
+    assert (saved["benchmark"], saved["benchmark_module"], saved["env"]) == ("toy", "toy_benchmark", None)
+
+
+def test_a_benchmark_module_that_cannot_be_imported_is_refused_by_key():
+    with paths_unchecked():
+        with pytest.raises(ConfigError, match=r"^benchmark_module='no_such_toy': cannot import it "
+                                              r"\(ModuleNotFoundError: No module named 'no_such_toy'\)"):
+            load_config(TrainConfig, TRAIN_CONFIG, ["benchmark_module=no_such_toy"])
+        with pytest.raises(ConfigError, match=r"^benchmark='toi': must be one of .*'toy'.* \(benchmark_module="
+                                              r"'toy_benchmark' registers no benchmark of this name\)$"):
+            load_config(TrainConfig, TRAIN_CONFIG, ["benchmark=toi"])
 
 
 def test_an_evaluation(toy, engine, tiny_model_dir):

@@ -1,20 +1,20 @@
 """A toy benchmark defined outside ``actfirst/``, registered through the public registry: the proof that a benchmark
-is one unit (``tests/test_toy_benchmark.py`` drives it through a rollout, a training update and an evaluation).
+is one unit (``tests/toy/test_toy_benchmark.py`` drives it through a rollout, a training run of
+``python -m actfirst.run`` on ``train.yaml`` and an evaluation).
 
 A corridor of rooms 0, 1, 2, ...; the agent starts in room 0 and wins by reaching the task's goal room. Actions are
 ``forward``, ``back`` and ``wait`` (``back`` only beyond room 0); anything else is an invalid action that still
-counts as a turn. Every step is deterministic, so a replayed reference passes its own transition check.
+counts as a turn. Every step is deterministic, so a replayed reference passes its own transition check: the default
+one (``Benchmark._check``: a valid action, the reference's termination flag and next observation).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 from actfirst.core.schema import check
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.benchmarks import Benchmark, register_benchmark
-from actfirst.envs.checks import PASSED, CheckResult, normalize_text
 from actfirst.rollout.prompts import HISTORY, NO_HISTORY, REFERENCE, Mode
 
 # -- config -----------------------------------------------------------------------------------------------------------
@@ -77,20 +77,6 @@ class ToyEnv(TextEnv):
         pass
 
 
-# -- transition check -------------------------------------------------------------------------------------------
-
-
-def toy_check(*, action: str, admissible: tuple[str, ...], next: Transition, ref_next: Transition) -> CheckResult:
-    """Valid action, the reference's termination flag and the reference's next observation (normalized)."""
-    if action.strip() not in admissible:
-        return CheckResult(False, "invalid action")
-    if next.done != ref_next.done:
-        return CheckResult(False, "termination mismatch")
-    if normalize_text(next.observation) != normalize_text(ref_next.observation):
-        return CheckResult(False, "observation mismatch")
-    return PASSED
-
-
 # -- prompt templates -------------------------------------------------------------------------------------------
 
 _HEAD = "You walk a corridor of rooms. Your task is to: {task_description}\n"
@@ -114,7 +100,6 @@ TEMPLATES = {
 class ToyBenchmark(Benchmark):
     name = "toy"
     config_class = ToyConfig
-    config_dir = Path(__file__).parent
     templates = TEMPLATES
     fast_actions = True
 
@@ -126,10 +111,6 @@ class ToyBenchmark(Benchmark):
 
     def valid_action(self, action: str, current: Transition) -> bool:
         return action.strip() in current.admissible
-
-    def _check(self, reference, t, *, action, current, next, previous) -> CheckResult:
-        return toy_check(action=action, admissible=current.admissible, next=next,
-                         ref_next=reference.transitions[t + 1])
 
     def task_key(self, task: ToyTask) -> str:
         return f"task{task.index}"

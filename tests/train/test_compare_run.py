@@ -11,8 +11,8 @@ import sys
 
 import yaml
 
-from actfirst.comparison.tables import paired_ratio
 from actfirst.evaluation.report import load_episodes
+from actfirst.evaluation.stats import paired_ratio
 
 STRATEGIES = ("vanilla", "actfirst")
 

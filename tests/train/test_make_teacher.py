@@ -218,3 +218,19 @@ def test_a_training_config_gives_the_benchmark_env_and_references(tmp_path, alfw
         load_teacher_config(teacher, [f"base_model={tmp_path / 'model'}"], train_config=train)  # the run's cache
     with pytest.raises(ConfigError, match="sets benchmark, which --train-config="):
         load_teacher_config(CONFIG, [], train_config=train)
+
+
+def test_env_overrides_reach_the_training_configs_env_before_it_loads(tmp_path, monkeypatch):
+    """Without ALFWorld's games (no $ALFWORLD_DATA, an empty HOME) the paper config's games: real would be refused;
+    env.* overrides apply to the training config's env as the run's own overrides would."""
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    train = str(Path(CONFIG).parents[1] / "train" / "alfworld" / "qwen3-1.7b.yaml")
+    refs = tmp_path / "refs.jsonl"
+    refs.write_text("")
+    (tmp_path / "model").mkdir()
+    cfg = load_teacher_config(str(Path(CONFIG).with_name("alfworld-qwen3-8b-sft.yaml")),
+                              [f"base_model={tmp_path / 'model'}", f"references={refs}", "env.games=generated",
+                               f"env.generated_dir={tmp_path / 'games'}"], train_config=train)
+    assert cfg.env.games == "generated" and cfg.env.generated_dir == str(tmp_path / "games")
+    assert cfg.env.max_turns == 30  # the rest of the training config's env

@@ -170,3 +170,78 @@ def test_attention_choice_and_refusals(tmp_path):
         assert load_config(TrainConfig, demo).parallel.attention == "auto"
         with pytest.raises(ConfigError, match=r"^parallel.attention='dense': must be one of \['auto', "):
             load_config(TrainConfig, demo, ["parallel.attention=dense"])
+
+
+@pytest.fixture
+def flash_varlen_test_double(monkeypatch):
+    """flash-attn's varlen function, in torch (each sample's causal SDPA, KV heads repeated), put where transformers
+    imports flash-attn from (there is no flash-attn on the CPU), recording what it is called with; and transformers'
+    own derivation of the boundaries from position_ids, counted. Everything between (transformers' attention
+    integration and ``_flash_attention_forward``) is the real code. Returns (calls, derivations)."""
+    from transformers import modeling_flash_attention_utils as fa
+
+    calls: list[dict] = []
+    derivations = {"_is_packed_sequence": 0, "prepare_fa_kwargs_from_position_ids": 0}
+
+    def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                               softmax_scale=None, causal=False):
+        calls.append({"max_seqlen_q": max_seqlen_q, "cu_seqlens_q": cu_seqlens_q.clone()})
+        assert torch.equal(cu_seqlens_q, cu_seqlens_k) and causal and dropout_p == 0.0
+        rep = q.shape[1] // k.shape[1]
+        out = torch.empty_like(q)
+        bounds = cu_seqlens_q.tolist()
+        for a, b in zip(bounds[:-1], bounds[1:], strict=True):
+            qs, ks, vs = (x[a:b].transpose(0, 1) for x in (q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)))
+            out[a:b] = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, is_causal=True,
+                                                                        scale=softmax_scale).transpose(0, 1)
+        return out
+
+    def not_expected(*args, **kwargs):
+        raise AssertionError("a packed row must take flash-attn's varlen path")
+
+    def counted(name):
+        original = getattr(fa, name)
+
+        def wrapper(*args, **kwargs):
+            derivations[name] += 1
+            return original(*args, **kwargs)
+        return wrapper
+
+    functions = (not_expected, flash_attn_varlen_func, None, not_expected, not_expected)
+    processing = (fa._lazy_define_process_function(flash_attn_varlen_func), dict)
+    monkeypatch.setattr(fa, "lazy_import_flash_attention", lambda *args, **kwargs: (functions, processing))
+    for name in derivations:
+        monkeypatch.setattr(fa, name, counted(name))
+    return calls, derivations
+
+
+def test_varlen_lengths_come_from_pack_and_no_layer_derives_them(tiny_model_dir, gen, flash_varlen_test_double):
+    """flash_attention_2 on a packed row: ``pack``'s ``cu_seq_lens`` and ``max_length`` are what transformers derives
+    from position_ids; passed through ``final_hidden`` they give the same hidden states as transformers' own
+    derivation (today's path: per layer, with host syncs), no layer derives them again, and the kernel gets the
+    longest sample as a Python int. Both equal separate per-sample forwards."""
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    calls, derivations = flash_varlen_test_double
+    model = Qwen3ForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64, attn_implementation="sdpa").eval()
+    samples = random_samples(gen, 6, model.config.vocab_size, max_context=30, max_response=12)
+    (mb,) = pack(samples, max_tokens=10_000)
+    (cu_q, _), (longest, _) = prepare_fa_kwargs_from_position_ids(mb.position_ids[None])
+    assert torch.equal(mb.cu_seq_lens, cu_q) and mb.cu_seq_lens.dtype == torch.int32
+    assert mb.max_length == int(longest) and type(mb.max_length) is int
+    derivations.update(dict.fromkeys(derivations, 0))  # the one above
+    layers = model.config.num_hidden_layers
+    with torch.no_grad():
+        expected = torch.cat([separate_hidden(model, samples[i]) for i in mb.samples])
+        model.config._attn_implementation = "flash_attention_2"
+        derived = model.model(input_ids=mb.input_ids[None], position_ids=mb.position_ids[None],
+                              use_cache=False).last_hidden_state[0, mb.positions]
+        assert derivations == {"_is_packed_sequence": layers, "prepare_fa_kwargs_from_position_ids": layers}
+        assert len(calls) == layers and all(isinstance(c["max_seqlen_q"], torch.Tensor) for c in calls)
+        calls.clear()
+        ours = final_hidden(model, mb)
+    assert derivations == {"_is_packed_sequence": layers, "prepare_fa_kwargs_from_position_ids": layers}  # no more
+    assert len(calls) == layers and all(type(c["max_seqlen_q"]) is int for c in calls)
+    assert all(torch.equal(c["cu_seqlens_q"], mb.cu_seq_lens) for c in calls)
+    assert torch.equal(ours, derived)
+    torch.testing.assert_close(ours, expected, atol=1e-10, rtol=0)

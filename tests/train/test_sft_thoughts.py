@@ -6,6 +6,7 @@ import pytest
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.response_format import THINK_CLOSE, extract_action
+from actfirst.envs.scienceworld.transition import ScienceWorldTransition
 from actfirst.models.tokenizers import build_qwen3_tokenizer
 from actfirst.rollout.prompts import Mode, Step
 from actfirst.train.sft import (
@@ -22,9 +23,9 @@ from actfirst.train.sft import (
 pytestmark = pytest.mark.usefixtures("alfworld_data")  # configs with games: real load
 
 TASK = "Your task is to find the animal with the longest life span. The animals are in the 'outside' location."
-SCIENCEWORLD = Transition(observation="You move to the greenhouse.", admissible=("go to outside",), score=0,
-                          done=False, won=False, task_description=TASK, templates=("go OBJ", "focus on OBJ"),
-                          objects=("bee hive", "door to outside"))
+SCIENCEWORLD = ScienceWorldTransition(observation="You move to the greenhouse.", admissible=("go to outside",),
+                                      score=0, done=False, won=False, task_description=TASK,
+                                      templates=("go OBJ", "focus on OBJ"), objects=("bee hive", "door to outside"))
 ALFWORLD = Transition(observation="You arrive at countertop 1. On the countertop 1, you see a mug 1.",
                       admissible=("go to fridge 1", "take mug 1 from countertop 1"), score=0, done=False, won=False,
                       task_description="put a clean mug in countertop.")

@@ -287,7 +287,7 @@ def test_a_response_spanning_two_versions_uses_its_sampled_logprobs(model, gen):
         k = max(1, len(s.response_ids) // 2)
         # the first version's tokens were sampled by another policy than the current one
         samples[i] = dataclasses.replace(s, logprobs=[x - 0.1 * m
-                                                      for x, m in zip(s.logprobs[:k], s.loss_mask, strict=True)]
+                                                      for x, m in zip(s.logprobs[:k], s.loss_mask, strict=False)]
                                          + s.logprobs[k:], weight_version=1,
                                          token_versions=[1] * k + [2] * (len(s.response_ids) - k))
     model.zero_grad(set_to_none=True)

@@ -1,6 +1,10 @@
 """TeacherScorer: log pi_teacher against a float64 transformers forward; a different tokenizer is refused."""
 
+import asyncio
+import concurrent.futures
 import shutil
+import threading
+import time
 
 import pytest
 import torch
@@ -9,6 +13,9 @@ from transformers import AutoTokenizer, Qwen3ForCausalLM
 
 from actfirst.core.config import ModelConfig
 from actfirst.models.build import build_model
+from actfirst.rollout.budget import FullResponse
+from actfirst.rollout.intervention import Intervention
+from actfirst.rollout.strategies import UOPDConfig
 from actfirst.train.teacher import TeacherScorer
 
 
@@ -102,3 +109,52 @@ def test_a_sample_already_scored_keeps_its_scores(tiny_model_dir, vocab_size, ge
     assert samples[1].teacher_logprobs is marker
     for i in (0, 2, 3):
         assert samples[i].teacher_logprobs == pytest.approx(reference[i], abs=1e-5)
+
+
+def test_concurrent_callers_never_overlap_in_the_forward(tiny_model_dir, vocab_size, gen):
+    """UOPD scores proposals during the rollout (``Intervention.score``, in a thread of its own) while the update
+    scores its batch (the trainer calls ``TeacherScorer.score`` from the update's thread): the teacher runs one
+    forward at a time whoever calls, or two micro-batches' activations would be alive at once, twice what
+    ``micro_batch_tokens`` was sized for. Every forward of the real teacher is recorded as it enters and leaves
+    (held for 20 ms inside, so that an overlap cannot slip between two forwards)."""
+    scorer = TeacherScorer.load(tiny_model_dir, student_tokenizer=tiny_model_dir, micro_batch_tokens=48)
+    inside, most, forwards = 0, 0, 0
+    count = threading.Lock()
+
+    def enter(module, args):
+        nonlocal inside, most, forwards
+        with count:
+            inside, forwards = inside + 1, forwards + 1
+            most = max(most, inside)
+        time.sleep(0.02)
+
+    def leave(module, args, output):
+        nonlocal inside
+        with count:
+            inside -= 1
+
+    scorer.head.register_forward_pre_hook(enter)
+    scorer.head.register_forward_hook(leave)
+    intervention = Intervention(UOPDConfig(), rollout=None, teacher_engine=None, scorer=scorer, tokenizer=None,
+                                num_updates=1, seed=0)
+    batch = random_samples(gen, 8, vocab_size, max_context=30, max_response=14, scored=False)
+    proposals = random_samples(gen, 4, vocab_size, scored=False)
+    start = threading.Barrier(2)
+
+    def rollout() -> list:
+        start.wait()
+        return [asyncio.run(intervention.score(p.context_ids, FullResponse(
+            token_ids=p.response_ids, loss_mask=[1] * len(p.response_ids), logprobs=p.logprobs, text="", action="",
+            truncated=False, weight_version=0, token_versions=[0] * len(p.response_ids), num_requests=1,
+            num_inserted=0, queue_wait_s=0.0, latency_s=0.0))) for p in proposals]
+
+    def update() -> None:
+        start.wait()
+        scorer.score(batch)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        scored, updated = pool.submit(rollout), pool.submit(update)
+        scores, _ = scored.result(timeout=120), updated.result(timeout=120)
+    assert forwards >= len(proposals) + 2 and inside == 0
+    assert most == 1, f"{most} teacher forwards ran at once"
+    assert len(scores) == len(proposals) and all(s.teacher_logprobs is not None for s in batch)

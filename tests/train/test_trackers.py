@@ -183,3 +183,22 @@ def test_an_unknown_or_repeated_tracker_is_refused_by_key(value, why, tmp_path, 
     names = value.strip("[]").split(",")
     assert status == 2 and err == f"python -m actfirst.run: error: report_to={names!r}: {why}"
     assert not (tmp_path / "run").exists()
+
+
+def test_report_to_as_trl_users_write_it(tmp_path):
+    """``report_to: none`` (TRL's spelling of no tracker), one name alone, ``all`` (every installed tracker)."""
+    from actfirst.core.config import DEMO_CONFIG, TrainConfig
+    from actfirst.core.schema import load_config, paths_unchecked
+    from actfirst.train.trackers import installed
+
+    def report_to(*overrides):
+        with paths_unchecked():
+            return load_config(TrainConfig, DEMO_CONFIG, list(overrides)).report_to
+
+    assert report_to("report_to=none") == [] and report_to("report_to=[none]") == []
+    assert report_to("report_to=tensorboard") == ["tensorboard"]
+    assert report_to("report_to=all") == sorted(n for n, t in TRACKERS.items() if installed(t.module))
+    config = tmp_path / "none.yaml"
+    config.write_text(f"base: {DEMO_CONFIG}\nreport_to: none\n")
+    with paths_unchecked():
+        assert load_config(TrainConfig, config).report_to == []

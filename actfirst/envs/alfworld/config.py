@@ -1,4 +1,4 @@
-"""ALFWorld's config section (``env:`` of an ALFWorld run; ``configs/envs/alfworld.yaml``)."""
+"""ALFWorld's config section (``env:`` of an ALFWorld run; ``actfirst/envs/alfworld/alfworld.yaml``)."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from actfirst.envs.base import EnvState, TextEnv, Transition
 from actfirst.envs.checks import normalize_set, normalize_text
+from actfirst.envs.startup import import_simulator
 
 SPLITS = ("train", "valid_seen", "valid_unseen")
 _HEADER = "-= Welcome to TextWorld, ALFRED! =-"
@@ -63,18 +64,19 @@ def split_intro(feedback: str) -> tuple[str, str]:
 
 
 class ALFWorldTextEnv(TextEnv):
-    """One TextWorld PDDL environment, loading a game per reset."""
+    """One TextWorld PDDL environment, loading a game per reset (a ``textworld`` or ``alfworld`` package that does
+    not import raises ``EnvStartError``)."""
 
     benchmark = "alfworld"
 
     def __init__(self, max_turns: int = 30):
-        import textworld
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler
-        from textworld.envs import PddlEnv
+        textworld = import_simulator(self.benchmark, "textworld")
+        pddl = import_simulator(self.benchmark, "textworld.envs").PddlEnv
+        demangler = import_simulator(self.benchmark, "alfworld.agents.environment.alfred_tw_env").AlfredDemangler
 
         self.max_turns = max_turns
         infos = textworld.EnvInfos(admissible_commands=True, won=True)
-        self._env = AlfredDemangler(PddlEnv(infos), shuffle=False)
+        self._env = demangler(pddl(infos), shuffle=False)
         self._admissible: tuple[str, ...] = ()
         self._turn = 0
         self._task_description = ""

@@ -294,6 +294,12 @@ def generate_split(out_dir: str | Path, per_type: int, seed: int = 0, unseen: bo
     return files
 
 
+def missing_games(out_dir: str | Path, per_type: int) -> int:
+    """How many of :func:`generate_split`'s games are not yet under ``out_dir``."""
+    return sum(not (Path(out_dir) / f"{task}-{i:04d}" / "game.tw-pddl").exists()
+               for task in TASK_TYPES for i in range(per_type))
+
+
 def generated_split(split: str, generated_dir: str | Path, per_type: int = 10,
                     seed: int = 0) -> list[ALFWorldTask]:
     """The generated games of ``split`` under ``generated_dir/<split>``: ``per_type`` of each task type, generated

@@ -7,10 +7,12 @@ import dataclasses
 
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.benchmarks import Benchmark, register_benchmark
-from actfirst.envs.scienceworld.checks import scienceworld_action_valid, scienceworld_check
+from actfirst.envs.checks import PASSED, CheckResult, normalize_set
+from actfirst.envs.scienceworld.checks import normalize_scienceworld_observation, scienceworld_action_valid
 from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.data import ScienceWorldData
 from actfirst.envs.scienceworld.prompts import TEMPLATES
+from actfirst.envs.scienceworld.transition import ScienceWorldTransition
 
 
 @register_benchmark
@@ -19,12 +21,21 @@ class ScienceWorldBenchmark(Benchmark):
 
     name = "scienceworld"
     config_class = ScienceWorldConfig
+    transition_class = ScienceWorldTransition
     data = ScienceWorldData()
+    worker_mib = 269  # bench/RESULTS.md, environment throughput: 16 workers, each with its JVM
     templates = TEMPLATES
     fast_actions = True
     partial_score = True
     shortens_candidates = True
     state_source = "look-around and inventory text (a stand-in: no facts) and the task-success flag"
+
+    @classmethod
+    def environment_text(cls) -> list[str]:
+        """A line of its B.1 prompt."""
+        return ["Your ScienceWorld task is: Your task is to boil water. Available action commands: [open OBJ, move OBJ "
+                "to OBJ, focus on OBJ, look around, teleport to LOC]. Available objects you can interact with: [stove, "
+                "water, kitchen, thermometer]."]
 
     def __init__(self, config: ScienceWorldConfig):
         super().__init__(config)
@@ -35,17 +46,26 @@ class ScienceWorldBenchmark(Benchmark):
 
         return ScienceWorldTextEnv(max_turns=self.config.max_turns, simplification=self.config.simplification)
 
-    def prompt_fields(self, current: Transition) -> dict[str, str]:
+    def prompt_fields(self, current: ScienceWorldTransition) -> dict[str, str]:
         return {"action_templates": ", ".join(current.templates), "objects": ", ".join(current.objects)}
+
+    def action_commands(self, current: ScienceWorldTransition) -> tuple[str, ...]:
+        """Its action templates."""
+        return current.templates
 
     def valid_action(self, action: str, current: Transition) -> bool:
         return scienceworld_action_valid(action, current.admissible)
 
-    def _check(self, reference, t, *, action, current, next, previous):
-        ref = reference.transitions[t + 1]
-        return scienceworld_check(action=action, admissible=current.admissible, done=next.done, ref_done=ref.done,
-                                  next_observation=next.observation, ref_next_observation=ref.observation,
-                                  next_templates=next.templates, ref_next_templates=ref.templates)
+    def normalize_observation(self, observation: str) -> str:
+        """B.5's ScienceWorld normalization: enumerations and lines sorted."""
+        return normalize_scienceworld_observation(observation)
+
+    def _check_next(self, next: ScienceWorldTransition, ref_next: ScienceWorldTransition) -> CheckResult:
+        """B.5: the action-template sets are equal, terminal transitions included. Possible-object lists (aliases),
+        room descriptions, inventory, reward and score are not compared."""
+        if normalize_set(next.templates) != normalize_set(ref_next.templates):
+            return CheckResult(False, "action templates mismatch")
+        return PASSED
 
     def task_key(self, task) -> str:
         return f"{task.task_type}/{task.variation}"
@@ -80,6 +100,6 @@ class ScienceWorldBenchmark(Benchmark):
             i -= 1
         return actions
 
-    def slim(self, transition: Transition) -> Transition:
+    def slim(self, transition: ScienceWorldTransition) -> ScienceWorldTransition:
         """The admissible list and object aliases are not compared by the checks (B.5) and are large: dropped."""
         return dataclasses.replace(transition, admissible=(), objects=())

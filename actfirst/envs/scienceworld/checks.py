@@ -1,11 +1,12 @@
-"""ScienceWorld's transition check (Appendix B.5) and its observation normalization."""
+"""ScienceWorld's observation normalization and action validity (Appendix B.5; its check is ``Benchmark._check``
+with these and ``ScienceWorldBenchmark._check_next``)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
 
-from actfirst.envs.checks import PASSED, CheckResult, normalize_set, normalize_text
+from actfirst.envs.checks import normalize_set, normalize_text
 
 _CONTAINING = re.compile(r"\(containing ([^()]*)\)")  # non-nested "(containing ...)" expressions
 _IS = " is: "
@@ -56,19 +57,3 @@ def scienceworld_action_valid(action: str, admissible: Iterable[str]) -> bool:
     """B.5: the normalized action is in the current full admissible-action list."""
     return normalize_text(action) in normalize_set(admissible)
 
-
-def scienceworld_check(*, action: str, admissible: Iterable[str], done: bool, ref_done: bool, next_observation: str,
-                       ref_next_observation: str, next_templates: Iterable[str],
-                       ref_next_templates: Iterable[str]) -> CheckResult:
-    """ScienceWorld (B.5): the action is in the full admissible list; termination flags agree; normalized (sorted)
-    next observations are equal; action-template sets are equal, terminal transitions included. Possible-object
-    lists (aliases), room descriptions, inventory, reward and score are not compared."""
-    if not scienceworld_action_valid(action, admissible):
-        return CheckResult(False, "invalid action")
-    if done != ref_done:
-        return CheckResult(False, "termination mismatch")
-    if normalize_scienceworld_observation(next_observation) != normalize_scienceworld_observation(ref_next_observation):
-        return CheckResult(False, "observation mismatch")
-    if normalize_set(next_templates) != normalize_set(ref_next_templates):
-        return CheckResult(False, "action templates mismatch")
-    return PASSED

@@ -1,4 +1,4 @@
-"""ScienceWorld's config section (``env:`` of a ScienceWorld run; ``configs/envs/scienceworld.yaml``)."""
+"""ScienceWorld's config section (``env:`` of a ScienceWorld run; ``actfirst/envs/scienceworld/scienceworld.yaml``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ class ScienceWorldConfig:
     """ScienceWorld as Appendix C.1 sets it up (easy preset, 30-turn limit in training)."""
 
     train_task_types: list[str]
-    """The 17 trained task types (the paper does not name them; see configs/envs/scienceworld.yaml)."""
+    """The 17 trained task types (the paper does not name them; see actfirst/envs/scienceworld/scienceworld.yaml)."""
     simplification: str = "easy"
     """The simulator's simplifications, comma-separated ("easy": all of them, as the paper uses; "": none)."""
     max_turns: int = 30

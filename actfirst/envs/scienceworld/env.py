@@ -13,38 +13,26 @@ every step); look-around and inventory are read when ``state()`` asks. A reset l
 
 from __future__ import annotations
 
-import os
-
-from actfirst.envs.base import EnvState, TextEnv, Transition
+from actfirst.envs.base import EnvState, TextEnv
 from actfirst.envs.checks import normalize_set, normalize_text
+from actfirst.envs.scienceworld.simulator import JVM_OPTIONS, start_simulator
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
+from actfirst.envs.scienceworld.transition import ScienceWorldTransition
 
 SUCCESS_SCORE = 99.999  # Appendix C.1
-# One JVM per environment: a serial collector and one processor each keep many JVMs from fighting over the cores.
-# Measured on the 2-core VM (bench/env_throughput.py, 16 workers): 8.1 vs 4.0 steps/s, 272 vs 426 MiB per worker.
-JVM_OPTIONS = "-XX:+UseSerialGC -XX:ActiveProcessorCount=1"
 
 
 class ScienceWorldTextEnv(TextEnv):
-    """One JVM-backed ScienceWorld simulator, reloaded for each task."""
+    """One JVM-backed ScienceWorld simulator, reloaded for each task (one that cannot start raises
+    ``EnvStartError``: ``actfirst.envs.scienceworld.simulator``)."""
 
     benchmark = "scienceworld"
 
     def __init__(self, max_turns: int = 30, simplification: str = "easy", jvm_options: str = JVM_OPTIONS):
-        from scienceworld import ScienceWorldEnv
-
         self.max_turns = max_turns
         self.simplification = simplification
-        user_options = os.environ.get("JAVA_TOOL_OPTIONS")
-        os.environ["JAVA_TOOL_OPTIONS"] = f"{jvm_options} {user_options or ''}".strip()  # read by the JVM at start
-        try:
-            # The simulator's own step limit must never end an episode before ours does.
-            self._env = ScienceWorldEnv("", envStepLimit=10 * max_turns + 100)
-        finally:
-            if user_options is None:
-                del os.environ["JAVA_TOOL_OPTIONS"]
-            else:
-                os.environ["JAVA_TOOL_OPTIONS"] = user_options
+        # The simulator's own step limit must never end an episode before ours does.
+        self._env = start_simulator(10 * max_turns + 100, jvm_options)
         self._admissible: tuple[str, ...] | None = None  # the current state's list, once built
         self._lists = True  # whether every transition of the episode carries its list (reset's ``admissible``)
         self._best = 0.0
@@ -72,14 +60,14 @@ class ScienceWorldTextEnv(TextEnv):
                 return best >= SUCCESS_SCORE
         return False
 
-    def reset(self, task: ScienceWorldTask, admissible: bool = True) -> Transition:
+    def reset(self, task: ScienceWorldTask, admissible: bool = True) -> ScienceWorldTransition:
         self._env.load(task.task_type, task.variation, self.simplification)  # the server's reset() is this load again
         self._best, self._turn, self._lists = 0.0, 0, admissible
         self._task_description = self._env.server.freeActionTaskDesc().removeprefix("Task Description:").strip()
         observation, done = self._execute("look around")  # what ScienceWorldEnv.reset does, as its first move
         return self._transition(observation, done=done, valid=True)
 
-    def step(self, action: str) -> Transition:
+    def step(self, action: str) -> ScienceWorldTransition:
         valid = None if self._admissible is None else normalize_text(action) in normalize_set(self._admissible)
         observation, done = self._execute(action)
         self._turn += 1
@@ -107,14 +95,15 @@ class ScienceWorldTextEnv(TextEnv):
         done = server.getCompleted() or score < 0 or server.getNumMoves() > self._env.envStepLimit
         return observation, bool(done)
 
-    def _transition(self, observation: str, *, done: bool, valid: bool | None) -> Transition:
+    def _transition(self, observation: str, *, done: bool, valid: bool | None) -> ScienceWorldTransition:
         self._admissible = None
         listed = self.admissible() if self._lists else None
-        return Transition(observation=observation, admissible=listed, score=self._best, done=done,
-                          won=self._best >= SUCCESS_SCORE, valid=valid, turn=self._turn,
-                          truncated=self._truncated(self._turn, done), task_description=self._task_description,
-                          templates=tuple(self._env.get_possible_actions()),
-                          objects=tuple(self._env.get_possible_objects()))
+        return ScienceWorldTransition(observation=observation, admissible=listed, score=self._best, done=done,
+                                      won=self._best >= SUCCESS_SCORE, valid=valid, turn=self._turn,
+                                      truncated=self._truncated(self._turn, done),
+                                      task_description=self._task_description,
+                                      templates=tuple(self._env.get_possible_actions()),
+                                      objects=tuple(self._env.get_possible_objects()))
 
     def close(self) -> None:
         self._env.close()

@@ -2,7 +2,7 @@
 
 Training uses the first half of the variations of 17 task types; evaluation uses the last five variations of
 each of all 30 types (85 instances from the trained types, 65 from the other 13). The paper does not name the 17;
-ours are in ``configs/envs/scienceworld.yaml``.
+ours are in ``actfirst/envs/scienceworld/scienceworld.yaml``.
 """
 
 from __future__ import annotations
@@ -36,10 +36,11 @@ class ScienceWorldTask:
 
 
 def scienceworld_max_variations() -> dict[str, int]:
-    """Number of variations of every task type, read from the simulator (starts and stops one JVM)."""
-    from scienceworld import ScienceWorldEnv
+    """Number of variations of every task type, read from the simulator (starts and stops one JVM; one that cannot
+    start raises ``EnvStartError``)."""
+    from actfirst.envs.scienceworld.simulator import start_simulator
 
-    env = ScienceWorldEnv("", envStepLimit=10)
+    env = start_simulator(step_limit=10)
     try:
         return {t: env.get_max_variations(t) for t in TASK_TYPES}
     finally:

@@ -37,9 +37,6 @@ class SearchBenchmark(Benchmark):
         """A complete search or answer (E.3)."""
         return SEARCH_RESPONSES.has_action(action)
 
-    def _check(self, reference, t, *, action, current, next, previous):
-        raise NotImplementedError("benchmark 'search' has no reference trajectories to check against (B.5)")
-
     def task_key(self, task) -> str:
         return task.key
 

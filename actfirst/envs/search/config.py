@@ -1,4 +1,4 @@
-"""Search's config section (``env:`` of a Search run; ``configs/envs/search.yaml``)."""
+"""Search's config section (``env:`` of a Search run; ``actfirst/envs/search/search.yaml``)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""WebShop (Appendix C.1) as one benchmark: its config, environment (WebShop's text interface, imported when an
-environment is made), transition check and prompt templates, registered as ``webshop``."""
+"""WebShop (Appendix C.1) as one benchmark: its config, environment (a client of the node's WebShop server, which runs
+the official simulator: ``server.py``), transition check and prompt templates, registered as ``webshop``."""
 
 from __future__ import annotations
 
-from actfirst.envs.base import Outcome, Reference, TextEnv, Transition
+from actfirst.envs.base import Outcome, Reference, TextEnv
 from actfirst.envs.benchmarks import Benchmark, register_benchmark
 from actfirst.envs.webshop.checks import (
     SEARCH_MISMATCH_ALLOWED,
@@ -14,6 +14,7 @@ from actfirst.envs.webshop.checks import (
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.webshop.data import WebShopData
 from actfirst.envs.webshop.prompts import TEMPLATES, UOPD_PROMPTS, available_actions
+from actfirst.envs.webshop.transition import WebShopTransition
 
 
 @register_benchmark
@@ -22,6 +23,7 @@ class WebShopBenchmark(Benchmark):
 
     name = "webshop"
     config_class = WebShopConfig
+    transition_class = WebShopTransition
     data = WebShopData()
     templates = TEMPLATES
     uopd_prompts = UOPD_PROMPTS
@@ -33,7 +35,7 @@ class WebShopBenchmark(Benchmark):
 
         return WebShopTextEnv(self.config)
 
-    def prompt_fields(self, current: Transition) -> dict[str, str]:
+    def prompt_fields(self, current: WebShopTransition) -> dict[str, str]:
         return available_actions(current)
 
     def reference_observation(self, observation: str) -> str:
@@ -42,7 +44,7 @@ class WebShopBenchmark(Benchmark):
 
         return strip_instruction(observation)
 
-    def valid_action(self, action: str, current: Transition) -> bool:
+    def valid_action(self, action: str, current: WebShopTransition) -> bool:
         return webshop_action_valid(action, has_search_bar=current.has_search_bar, clickables=current.admissible)
 
     def _check(self, reference, t, *, action, current, next, previous):

@@ -1,31 +1,29 @@
 """WebShop's data as ``python -m actfirst.data webshop`` fetches it: the files WebShop's ``./setup.sh -d all`` and
-``-d small`` download (its Google Drive ids), into WebShop's own ``data`` folder when WebShop is installed.
+``-d small`` download (its Google Drive ids, through gdown), into WebShop's own ``data`` folder when WebShop is
+installed.
 
-WebShop reads its goals (``items_human_ins.json``) only from its ``data`` folder; the catalog
-(``env.product_file``, ``env.attribute_file``) may be named by path. WebShop's search index is built by WebShop's
-own scripts from the same catalog (``search_engine/``), which this does not do.
+The files (``env.product_file``, ``env.attribute_file``, ``env.goal_file``) may also be named by path. WebShop's
+search index is built by WebShop's own scripts from the same catalog: ``scripts/setup_webshop.sh`` fetches the files
+with this and builds the index.
 """
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
-from actfirst.preparation.downloads import BenchmarkData, Download, Source
-
-_DRIVE = "https://drive.usercontent.google.com/download?export=download&confirm=t&id="
+from actfirst.preparation.downloads import BenchmarkData, DriveFile, Source, drive_url
 
 
 def _drive(name: str, file_id: str, what: str) -> Source:
-    return Source(name.removesuffix(".json"), (Download(_DRIVE + file_id, name),), "copy", what=what)
+    return Source(name.removesuffix(".json"), (DriveFile(drive_url(file_id), name),), "copy", what=what)
 
 
 def webshop_data_dir() -> Path | None:
-    """WebShop's own ``data`` folder (beside its ``web_agent_site`` package; None: WebShop is not installed)."""
-    spec = importlib.util.find_spec("web_agent_site")
-    if spec is None or spec.origin is None:
-        return None
-    return Path(spec.origin).parents[1] / "data"
+    """WebShop's own ``data`` folder (None: WebShop is not installed)."""
+    from actfirst.envs.webshop.install import find_install
+
+    install = find_install()
+    return None if install is None else install.data_dir
 
 
 class WebShopData(BenchmarkData):
@@ -47,13 +45,14 @@ class WebShopData(BenchmarkData):
         own = webshop_data_dir()
         lines = [f"WebShop's files are in {dest}"]
         if own is None:
-            lines.append("WebShop is not installed: install it from source (docs/environments.md#webshop) and put "
-                         "items_human_ins.json in its data folder (WebShop reads its goals only from there)")
-        elif dest.resolve() != own.resolve():
-            lines.append(f"WebShop reads items_human_ins.json only from {own}: copy it there")
+            lines.append("WebShop is not installed: bash scripts/setup_webshop.sh --catalog preview|full installs it, "
+                         "fetches these files into its data folder and builds their search index "
+                         "(docs/environments.md#webshop)")
         if own is None or dest.resolve() != own.resolve():
             lines.append(f"set env.product_file={dest / 'items_shuffle.json'} "
-                         f"env.attribute_file={dest / 'items_ins_v2.json'}")
-        lines.append("build WebShop's search index from the same catalog: cd <WebShop>/search_engine && python "
-                     "convert_product_file_format.py && ./run_indexing.sh (WebShop's setup.sh steps)")
+                         f"env.attribute_file={dest / 'items_ins_v2.json'} "
+                         f"env.goal_file={dest / 'items_human_ins.json'} "
+                         "(the preview: items_shuffle_1000.json, items_ins_v2_1000.json)")
+        if own is not None:
+            lines.append("build the catalog's search index: bash scripts/setup_webshop.sh --catalog preview|full")
         return lines

@@ -1,9 +1,9 @@
-"""WebShop behind ``TextEnv`` (Appendix C.1), for machines where WebShop is installed.
+"""WebShop behind ``TextEnv`` (Appendix C.1), for machines where WebShop is installed (``scripts/setup_webshop.sh``).
 
-WebShop's code and data are not on PyPI (the PyPI package is an empty stub), so this adapter imports
-``web_agent_site`` lazily and says how to install it when it is missing. It drives WebShop's text environment
-(``WebAgentTextEnv``, observation mode "text": page elements joined by " [SEP] ") with ``search[...]`` and
-``click[...]`` actions, the available-actions dictionary (``has_search_bar``, ``clickables``) and the score page. The
+Each environment is a connection to the node's WebShop server (``actfirst.envs.webshop.server``), which runs the
+official simulator with the catalog, search engine and goals loaded once: WebShop's text environment
+(``WebAgentTextEnv``, observation mode "text": page elements joined by " [SEP] ") driven with ``search[...]`` and
+``click[...]`` actions, its available-actions dictionary (``has_search_bar``, ``clickables``) and the score page. The
 paper's setting (C.1): the full product catalog (``WebShopConfig.product_file``), goal ids 0-4095 train and
 4096-4195 evaluation (or the pools of ``train_goals`` / ``eval_goals``: ``actfirst.envs.webshop.goals``),
 goal-construction seed 233; a 15-turn limit; score = the purchase reward x 100 (0 without a
@@ -16,31 +16,24 @@ C.2's oracle solutions are built from a goal by plain functions (``oracle_query`
 from __future__ import annotations
 
 import dataclasses
-import random
 import re
-from pathlib import Path
 
 from actfirst.core.user_input import ConfigError
 from actfirst.envs.base import TextEnv, Transition
 from actfirst.envs.webshop.checks import webshop_action_valid
+from actfirst.envs.webshop.client import ServerConnection
 from actfirst.envs.webshop.config import WebShopConfig
 from actfirst.envs.webshop.goals import goal_pool
+from actfirst.envs.webshop.install import require_install
+from actfirst.envs.webshop.transition import WebShopTransition
 
 SUCCESS_SCORE = 99.999
-GOAL_SEED = 233
-"""C.1: "The goal-construction seed is fixed at 233"."""
 RESULT_PAGES = 5
 """Search-results pages WebShop shows for a query (its 50 results, 10 a page)."""
 NEXT_PAGE = "click[next >]"
 BUY = "click[buy now]"
 _SEP = " [SEP] "
 _INSTRUCTION = "Instruction:"
-
-INSTALL_HINT = (
-    "WebShop is not installed (the 'web_agent_site' package is missing; PyPI has no usable WebShop). Install it "
-    "from source: git clone https://github.com/princeton-nlp/WebShop && cd WebShop && ./setup.sh -d all "
-    "(downloads the product catalog and builds the search index), then pip install -e . in this environment.")
-
 
 @dataclasses.dataclass(frozen=True, slots=True, order=True)
 class WebShopTask:
@@ -59,7 +52,7 @@ class WebShopGoal:
     options: tuple[str, ...]
     """The goal's option values, as WebShop's goal lists them."""
     price_upper: float
-    """The goal's price cap (WebShop draws it at random: see ``GOAL_SEED``)."""
+    """The goal's price cap (WebShop draws it at random: see ``server.GOAL_SEED``)."""
     product_options: dict[str, tuple[str, ...]]
     """The product's options: name -> values, as its page offers them (lowercased, "/" written " | ")."""
 
@@ -142,83 +135,59 @@ def oracle_actions(goal: WebShopGoal, *, result_page: int = 1) -> list[str]:
             + [f"click[{goal.asin.lower()}]"] + oracle_option_clicks(goal) + [BUY])
 
 
-def catalog_path(data_dir: Path, file: str, key: str) -> Path:
-    """``file`` as WebShop reads it: a name in WebShop's ``data_dir``, or a path; a missing file is a
-    :class:`ConfigError` naming ``key`` and the value."""
-    path = data_dir / file
-    if not path.is_file():
-        raise ConfigError(f"{key}={file!r}: no such file ({path}); WebShop's ./setup.sh -d all downloads the full "
-                          "catalog (items_shuffle.json, items_ins_v2.json), -d small the 1,000-product preview")
-    return path
-
-
 class WebShopTextEnv(TextEnv):
-    """WebShop's text environment (one search engine and product catalog per worker)."""
+    """WebShop's text environment: one connection to the node's WebShop server, one episode at a time."""
 
     benchmark = "webshop"
 
-    def __init__(self, config: WebShopConfig | None = None, *, human_goals: bool = True):
+    def __init__(self, config: WebShopConfig | None = None):
         config = WebShopConfig() if config is None else config
-        try:
-            from web_agent_site.engine import engine
-            from web_agent_site.envs import WebAgentTextEnv
-            from web_agent_site.utils import BASE_DIR
-        except ImportError as e:
-            raise ImportError(INSTALL_HINT) from e
-        data_dir = Path(BASE_DIR).parent / "data"
-        products = catalog_path(data_dir, config.product_file, "product_file")
-        # WebShop reads the attribute file from this module global only (its README: edit it for the full catalog).
-        engine.DEFAULT_ATTR_PATH = str(catalog_path(data_dir, config.attribute_file, "attribute_file"))
         self.max_turns = config.max_turns
-        self.num_products = config.num_products
         self.product_file = config.product_file
-        # WebShop draws product prices and the goals' price caps from `random` before it seeds 233 for the goal
-        # shuffle; seeding first makes every worker and every run build the same goals (C.1: seed 233).
-        random.seed(GOAL_SEED)
-        self._env = WebAgentTextEnv(observation_mode="text", file_path=str(products),
-                                    num_products=config.num_products, human_goals=human_goals)
+        require_install()  # the install hint at the worker's start, not at its first episode
+        self._server = ServerConnection(config)  # connects at the first call (starting the server if none runs)
+        self._goals: int | None = None
         self._available = {"has_search_bar": False, "clickables": []}
         self._turn = 0
         self._score = 0.0
         self._instruction = ""
 
     def reset(self, task: WebShopTask, admissible: bool = True) -> Transition:
-        goals = len(self._env.server.goals)
-        if not 0 <= task.goal_idx < goals:
-            raise ConfigError(f"goal {task.goal_idx} (env.train_goals / env.eval_goals) is outside the {goals} goals "
-                              f"WebShop built from product_file={self.product_file!r}")
-        observation, _ = self._env.reset(session=task.goal_idx)
+        if self._goals is None:
+            self._goals = self._server.call("info")["goals"]
+        if not 0 <= task.goal_idx < self._goals:
+            raise ConfigError(f"goal {task.goal_idx} (env.train_goals / env.eval_goals) is outside the "
+                              f"{self._goals} goals WebShop built from product_file={self.product_file!r}")
+        reply = self._server.call("reset", goal=task.goal_idx)
         self._turn, self._score = 0, 0.0
-        self._instruction = instruction_of(observation)
-        return self._transition(observation, done=False, valid=True)
+        self._instruction = instruction_of(reply["observation"])
+        return self._transition(reply, done=False, valid=True)
 
     def step(self, action: str) -> Transition:
         valid = webshop_action_valid(action, has_search_bar=self._available["has_search_bar"],
                                      clickables=self._available["clickables"])
-        observation, reward, done, _ = self._env.step(action)
+        reply = self._server.call("step", action=action)
         self._turn += 1
-        if done:
-            page_score = parse_score(observation)
-            self._score = page_score if page_score is not None else 100.0 * reward
-        return self._transition(observation, done=bool(done), valid=valid)
+        if reply["done"]:
+            page_score = parse_score(reply["observation"])
+            self._score = page_score if page_score is not None else 100.0 * reply["reward"]
+        return self._transition(reply, done=reply["done"], valid=valid)
 
     def goal(self, task: WebShopTask) -> WebShopGoal:
         """The goal of ``task`` and its product's options, as WebShop built them."""
-        server = self._env.server
-        goal = server.goals[task.goal_idx]
-        options = goal["goal_options"]
-        options = options.values() if isinstance(options, dict) else options  # synthetic goals: name -> value
-        product = server.product_item_dict[goal["asin"]]
-        return WebShopGoal(instruction=goal["instruction_text"], asin=goal["asin"], options=tuple(options),
-                           price_upper=float(goal["price_upper"]),
-                           product_options={k: tuple(v) for k, v in product["options"].items()})
+        goal = self._server.call("goal", goal=task.goal_idx)
+        return WebShopGoal(instruction=goal["instruction"], asin=goal["asin"], options=tuple(goal["options"]),
+                           price_upper=goal["price_upper"],
+                           product_options={k: tuple(v) for k, v in goal["product_options"].items()})
 
-    def _transition(self, observation: str, *, done: bool, valid: bool) -> Transition:
-        self._available = self._env.get_available_actions()
-        return Transition(observation=observation, admissible=tuple(c.lower() for c in self._available["clickables"]),
-                          score=self._score, done=done, won=self._score >= SUCCESS_SCORE, valid=valid,
-                          turn=self._turn, truncated=self._truncated(self._turn, done),
-                          task_description=self._instruction, has_search_bar=bool(self._available["has_search_bar"]))
+    def _transition(self, reply: dict, *, done: bool, valid: bool) -> WebShopTransition:
+        self._available = reply["available"]
+        return WebShopTransition(observation=reply["observation"],
+                                 admissible=tuple(c.lower() for c in self._available["clickables"]),
+                                 score=self._score, done=done, won=self._score >= SUCCESS_SCORE, valid=valid,
+                                 turn=self._turn, truncated=self._truncated(self._turn, done),
+                                 task_description=self._instruction,
+                                 has_search_bar=bool(self._available["has_search_bar"]))
 
     def close(self) -> None:
-        self._env.close()
+        self._server.close()

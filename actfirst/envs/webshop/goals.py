@@ -4,8 +4,8 @@
 of 6,410 instructions, and evaluation uses 128 test instructions that are disjoint from the pool and shared by every
 method", over the 1,000-product catalog: there WebShop builds 6,910 goals, and the upstream split of the GiGPO
 teachers' code (verl-agent's WebShop environment) is ``test`` = goals 0-499 and ``train`` = goals 500-6909, the
-6,410 of the pool. Which 128 of the test goals 003 evaluates on is not stated; ``configs/envs/webshop/`` ships the
-first 128 (``003-test-128.txt``) and the pool (``003-train.txt``).
+6,410 of the pool. Which 128 of the test goals 003 evaluates on is not stated; this package ships the first 128
+(``actfirst/envs/webshop/003-test-128.txt``) and the pool (``003-train.txt``).
 
 A pool file holds one goal index (``17``) or one inclusive range (``500-6909``) per line; blank lines and ``#``
 comments are skipped.
@@ -13,9 +13,8 @@ comments are skipped.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from actfirst.core.user_input import ConfigError
+from actfirst.envs.benchmarks import moved_file
 
 C1_POOLS = {"train": range(0, 4096), "eval": range(4096, 4196)}
 """000's split (C.1), the pools of a config that names no file."""
@@ -24,7 +23,7 @@ C1_POOLS = {"train": range(0, 4096), "eval": range(4096, 4196)}
 def read_goal_pool(path: str, key: str) -> list[int]:
     """The goal indices of the pool file ``path`` in file order; a missing file, a malformed line, a negative or a
     repeated index is a :class:`ConfigError` naming ``key``, the file and the line."""
-    file = Path(path)
+    file = moved_file(path)
     if not file.is_file():
         raise ConfigError(f"{key}={path!r}: no such file (a goal pool: one index or inclusive range a-b per line)")
     goals: list[int] = []

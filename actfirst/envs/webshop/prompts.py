@@ -1,7 +1,7 @@
 """WebShop's prompt templates: B.1's (full response, next-action prediction, inverse dynamics) and the UOPD paper's
 (003 E.2)."""
 
-from actfirst.envs.base import Transition
+from actfirst.envs.webshop.transition import WebShopTransition
 from actfirst.rollout.prompts import REFERENCE, Mode, RecentStepsPrompts
 
 _HEAD = ("You are an expert autonomous agent operating in the WebShop e-commerce environment.\n"
@@ -39,7 +39,7 @@ TEMPLATES = {
 
 
 
-def available_actions(current: Transition) -> dict[str, str]:
+def available_actions(current: WebShopTransition) -> dict[str, str]:
     """The ``{available_actions}`` field: ``search[<your query>]`` where the page has a search bar, then
     ``click[<element>]`` per clickable element, each in single quotes, one per line."""
     actions = ["search[<your query>]"] if current.has_search_bar else []
