@@ -496,6 +496,10 @@ class TrainConfig:
     at most one version behind). ``inflight``: as ``async``, but the weights enter the engine between its steps while
     requests continue (each token carries its version;
     ``ActFirstEngine.update_weights(..., keep_in_flight=True)``)."""
+    max_empty_batches: int = 8
+    """Rollout batches in a row that give no sample while an update collects its samples (every episode failed: an
+    environment whose ``reset`` fails, a turn-0 prompt too long) after which the run stops with an error naming the
+    benchmark and the first failures (``actfirst.train.pipeline.NoSamplesError``), on any rank where it happens."""
     probe_contexts: int = 8
     """Fixed contexts on which the teacher-minus-student gap is tracked (0: off)."""
     probe_every: int = 1
@@ -568,7 +572,7 @@ class TrainConfig:
         if paths_checked():
             check_paths(self)
         for name in ("num_updates", "batch_samples", "num_minibatches", "micro_batch_tokens", "probe_every",
-                     "checkpoint_every", "keep_checkpoints"):
+                     "checkpoint_every", "keep_checkpoints", "max_empty_batches"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         for name in ("train_tasks", "probe_contexts"):
             check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")

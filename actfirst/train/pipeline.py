@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 from actfirst.core.config import ConfigError, TrainConfig
+from actfirst.core.user_input import UserError
 from actfirst.engine.core import ActFirstEngine
 from actfirst.rollout.runner import RolloutBatch, RolloutRunner
 from actfirst.rollout.sample import Sample
@@ -57,6 +58,13 @@ from actfirst.train.update_record import UpdateRecord, UpdateRecords
 
 YIELD_WINDOW = 10
 """Rollout batches whose samples per episode size the next collection."""
+FAILURES_NAMED = 3
+"""Episode failures a :class:`NoSamplesError` quotes."""
+
+
+class NoSamplesError(UserError, RuntimeError):
+    """``max_empty_batches`` rollout batches in a row gave no sample: the run cannot make progress (every episode
+    failed). Its message names the benchmark, the update, the rank and the first failures, on one line."""
 
 
 class PipelineKind(enum.StrEnum):
@@ -149,6 +157,35 @@ class TaskStream:
 
 
 @dataclasses.dataclass(slots=True)
+class EmptyBatches:
+    """The rollout batches in a row that gave no sample while one update collects, and their first failures: at
+    ``limit`` of them the run stops (:class:`NoSamplesError`)."""
+
+    limit: int
+    benchmark: str
+    rank: int
+    update: int = 0
+    count: int = 0
+    failures: list[str] = dataclasses.field(default_factory=list)
+
+    def check(self, batch: RolloutBatch, update: int) -> None:
+        """Count ``batch``, collected for ``update``: one that gave a sample (or the first for another update) starts
+        the count afresh; the ``limit``-th empty one in a row raises :class:`NoSamplesError`."""
+        if update != self.update or batch.samples:
+            self.update, self.count, self.failures = update, 0, []
+        if batch.samples:
+            return
+        self.count += 1
+        self.failures += [f"{e.task}: {e.failure}" for e in batch.episodes if e.failure][:FAILURES_NAMED]
+        if self.count >= self.limit:
+            failures = "; ".join(self.failures[:FAILURES_NAMED]) or "none (every episode ended without a turn)"
+            raise NoSamplesError(
+                f"max_empty_batches={self.limit}: {self.count} rollout batches in a row gave no sample for update "
+                f"{update} on rank {self.rank} (benchmark {self.benchmark!r}: every episode failed); the first "
+                f"failures: {' '.join(failures.split())}")
+
+
+@dataclasses.dataclass(slots=True)
 class Ahead:
     """The collection ahead: the next update's rollout batches, started during an update's step."""
 
@@ -192,6 +229,7 @@ class Pipeline(abc.ABC):
         """Full responses this rank contributes to every update (``batch: turns``)."""
         self.batch_index = 0
         """This rank's rollout batches so far (the curricula's n is one less)."""
+        self.empty = EmptyBatches(cfg.max_empty_batches, cfg.benchmark, rank)
         self.ahead: Ahead | None = None
         self.runner: RolloutRunner | None = None
         """The rollout runner (:meth:`start`: it needs the engine and the environment workers)."""
@@ -230,6 +268,7 @@ class Pipeline(abc.ABC):
         rollout = self.cfg.batch == "rollout"  # 003's step: every sample of its one rollout batch
         samples = self.buffer.take(self.buffer.num_eligible(version) if rollout else self.quota, version)
         self.records.open.staleness = version - min(s.weight_version for s in samples)
+        self.records.open.spanning = sum(len(set(s.token_versions)) > 1 for s in samples)
         if self.collects_ahead(update):
             self.ahead = Ahead(started_in=update)
             self.ahead.task = asyncio.ensure_future(self._collect_ahead(self.ahead, update + 1, version + 1))
@@ -256,12 +295,17 @@ class Pipeline(abc.ABC):
             self.ahead.task = None
         self.records.open.wait_s += time.perf_counter() - t0
 
-    def stop(self) -> None:
-        """Cancel the collection ahead."""
+    async def stop(self, timeout_s: float) -> None:
+        """Cancel the collection ahead and wait, at most ``timeout_s``, for it to end (its episodes give their
+        requests back); what it raises then is not this stop's concern."""
         task = self.ahead.task if self.ahead is not None else None
-        if task is not None:
-            self.ahead.task = None
-            task.cancel()
+        if task is None:
+            return
+        self.ahead.task = None
+        task.cancel()
+        await asyncio.wait([task], timeout=timeout_s)
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: a failure it ended with is not logged as never retrieved
 
     # -- rollout batches --------------------------------------------------------------------------------------------
 
@@ -283,6 +327,7 @@ class Pipeline(abc.ABC):
                 ahead.ran = True
             batch = await self._run_batch(update, self.tasks_for(need))
             self._finish(batch, started_in)
+            self.empty.check(batch, update)
 
     def _still_needed(self, version: int) -> int:
         """Samples the update that trains under ``version`` still lacks: its quota less the eligible buffered ones

@@ -39,6 +39,8 @@ import json
 import logging
 import os
 import random
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -80,11 +82,13 @@ from actfirst.train.student import StudentUpdater
 from actfirst.train.teacher import TeacherScorer
 from actfirst.train.trackers import TrackedRun, open_trackers
 from actfirst.train.update_record import UpdateRecords
-from actfirst.train.update_thread import set_torch_threads, update_threads
+from actfirst.train.update_thread import UpdateThread, set_torch_threads, update_threads
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHUTDOWN_WAIT_S = 30.0
+"""How long a shutdown waits for the collection ahead to end once cancelled, and then for the update in progress."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -121,9 +125,10 @@ class Due:
 
     @property
     def quiet(self) -> bool:
-        """Whether anything due needs an engine with nothing else in flight (the probe and the evaluations are timed
-        apart, and a checkpoint saves the buffer and the task stream)."""
-        return self.probe or self.checkpoint or self.evaluation
+        """Whether anything due needs an engine with nothing else in flight: the probe, the engines' check and the
+        evaluations are timed apart from training and their requests kept out of the update's counters, and a
+        checkpoint saves the buffer, the task stream and the open update's record."""
+        return self.probe or self.engine_check or self.checkpoint or self.evaluation
 
 
 class Trainer:
@@ -161,6 +166,10 @@ class Trainer:
         self.pool: EnvPool | None = None
         self.runner: RolloutRunner | None = None
         self.sink: MetricsSink | None = None
+        self.update_thread = UpdateThread()
+        """Where scoring and the update run (``actfirst.train.update_thread``)."""
+        self.terminated = False
+        """Whether SIGTERM stopped the run (the main thread's handler: :meth:`_train`)."""
 
     # -- setup ----------------------------------------------------------------------------------------------------
 
@@ -253,7 +262,8 @@ class Trainer:
                 scores = [x for state in rank_states for x in state["intervention"]["scores"]]
                 self.intervention.scores.extend(scores[rank::world])
                 self.intervention.rng.seed(seed)
-        self.records.restore(rank_states, same_ranks=trainer_state["world_size"] == world)
+        self.records.restore(rank_states, same_ranks=trainer_state["world_size"] == world, rank=rank,
+                             world_size=world)
         if self.ctx.lead:
             ranks = trainer_state["world_size"]
             moved = f"; {ranks} -> {world} ranks" if ranks != world else ""
@@ -297,11 +307,19 @@ class Trainer:
     # -- the run ----------------------------------------------------------------------------------------------------
 
     def train(self) -> TrainResult:
-        """Run the updates this run has not done yet; every rank returns the same result."""
-        return asyncio.run(self._train())
+        """Run the updates this run has not done yet; every rank returns the same result. Ctrl-C and SIGTERM end
+        it as an error does (:meth:`shut_down`), then raise ``KeyboardInterrupt`` or ``SystemExit``."""
+        try:
+            return asyncio.run(self._train())
+        except asyncio.CancelledError:
+            if self.terminated:
+                raise SystemExit(128 + signal.SIGTERM) from None
+            raise
 
     async def _train(self) -> TrainResult:
         bar = None
+        if threading.current_thread() is threading.main_thread():  # SIGTERM: the shutdown of Ctrl-C
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, self._terminate, asyncio.current_task())
         try:
             self._start()
             bar = tqdm(total=self.cfg.num_updates, initial=self.first_update - 1, desc="updates", unit="update",
@@ -320,11 +338,20 @@ class Trainer:
             await self.shut_down()
         return self._result()
 
+    def _terminate(self, task: asyncio.Task) -> None:
+        self.terminated = True
+        task.cancel()
+
     async def shut_down(self) -> None:
-        """Close the environment workers, cancel the collection ahead, close the metrics sink and the engines."""
+        """The one shutdown of a finished, failed or interrupted run, each wait bounded: cancel the collection ahead
+        and wait for it, let the update in progress finish (its collectives before the engines' shutdown), then
+        close the environment workers, the metrics sink and the engines."""
+        await self.pipeline.stop(SHUTDOWN_WAIT_S)
+        if not self.update_thread.close(SHUTDOWN_WAIT_S):
+            logger.warning("[rank %d] the update did not finish within %.0f s of the shutdown; closing without it",
+                           self.ctx.rank, SHUTDOWN_WAIT_S)
         if self.pool is not None:
             self.pool.close()
-        self.pipeline.stop()
         if self.sink is not None:
             self.sink.close()
         engines = [] if self.intervention is None else [self.intervention.teacher_engine]
@@ -350,7 +377,8 @@ class Trainer:
         due = self.due(update)
         if due.quiet:  # inflight: the collection ahead may still run
             await self.pipeline.quiesce()
-        metrics.update(await self.diagnose(due))
+        with self.records.left_out(self.engine):
+            metrics.update(await self.diagnose(due))
         self.records.log(record, metrics, version=version, buffered=len(self.pipeline.buffer),
                          batch_n=self.pipeline.batch_index - 1, sink=self.sink,
                          horizon=self.strategy.horizon(self.pipeline.batch_index - 1, self.benchmark.max_turns))
@@ -361,9 +389,9 @@ class Trainer:
 
     async def evaluate(self, update: int) -> None:
         """The evaluation of ``update`` (``actfirst.train.evaluations``)."""
-        await self.evaluations.run(update, engine=self.engine, tokenizer=self.tokenizer, pool=self.pool,
-                                   sink=self.sink)
-        self.engine.records.clear()  # the evaluation's requests are not the next update's queue statistics
+        with self.records.left_out(self.engine):  # its requests are not the next update's
+            await self.evaluations.run(update, engine=self.engine, tokenizer=self.tokenizer, pool=self.pool,
+                                       sink=self.sink)
 
     def due(self, update: int) -> Due:
         """What ``update``'s step does after its weight sync: the probe every ``probe_every`` updates and the last;
@@ -402,7 +430,7 @@ class Trainer:
             return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1, **kernel_paths(),
                     "cpu/engine_threads": engine_threads, "cpu/update_threads": used}
 
-        return await asyncio.to_thread(work)
+        return await self.update_thread.run(work)
 
     # -- 4. weight sync ---------------------------------------------------------------------------------------------
 
@@ -435,7 +463,6 @@ class Trainer:
             metrics.update(await self.probe.gap(self.runner, self.teacher))
         metrics["probe_s"] = time.perf_counter() - t0
         self.clock.exclude_probe(metrics["probe_s"])
-        self.engine.records.clear()
         return metrics
 
     def save_checkpoint(self, update: int) -> None:
@@ -447,7 +474,7 @@ class Trainer:
             "weight_version": self.engine.weight_version, "probe_gaps": self.probe.gaps,
             "clock": self.clock.state_dict()}
         rank_state = {**self.pipeline.state_dict(), "probe_contexts": self.probe.contexts,
-                      **self.records.state_dict(), "rng": rng_state()}
+                      **self.records.state_dict(self.engine, self.pipeline.buffer), "rng": rng_state()}
         if self.intervention is not None:
             rank_state["intervention"] = self.intervention.state_dict()
         save_training_checkpoint(self.out_dir, update=update, keep=cfg.keep_checkpoints, ctx=self.ctx,

@@ -2,18 +2,24 @@
 batch counts in (:class:`UpdateRecords`), and the update's metrics line over every rank (:meth:`UpdateRecords.log`).
 
 An update's record opens when the previous one closes (after its weight sync) and closes after its own sync: the
-rollout batches that end in between count in it, and so do the engine's tokens and requests of that span.
+rollout batches that end in between count in it, and so do the engine's tokens and requests of that span, except
+those of the probe, the engines' check and the evaluations (:meth:`UpdateRecords.left_out`). A checkpoint saves the
+open record as it stands (``pipeline: inflight``: the rollout batches collected ahead that ended after the last
+update's sync are in it), and a resumed run opens it again from there (:meth:`UpdateRecords.state_dict`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 from actfirst.engine.core import ActFirstEngine, RequestRecord, summarize_records
+from actfirst.engine.request import RequestKind
 from actfirst.parallel.context import ParallelContext, all_gather_objects, reduce_max, reduce_sum
 from actfirst.rollout.intervention import InterventionRecord, intervention_metrics
 from actfirst.rollout.runner import RolloutBatch
@@ -51,6 +57,8 @@ class UpdateRecord:
     """How long the update waited for the collection in flight (the weight sync's wait, and waits before it)."""
     staleness: int = 0
     """The most versions any sample of this update's batch was behind the weights it updated (B.4: at most 1)."""
+    spanning: int = 0
+    """Samples of this update's batch whose tokens come from two weight versions (``pipeline: inflight``)."""
     generated: int = 0
     """Tokens the engine generated (kept or discarded); engine counters start negative and :meth:`close` adds
     their ends."""
@@ -100,6 +108,36 @@ class UpdateRecord:
         self.wall_s = wall_s
         self.take_requests(engine)
 
+    def state_dict(self, engine: ActFirstEngine, buffer: SampleBuffer) -> dict[str, Any]:
+        """This open record as plain data: its counts so far (the engine's and the buffer's up to now) and the
+        engine's requests finished since it opened."""
+        state = dataclasses.asdict(self)
+        for key, counter in _ENGINE_COUNTERS.items():
+            state[key] += getattr(engine, counter)
+        state["dropped"] += buffer.num_dropped
+        state["records"] = [{**dataclasses.asdict(r), "kind": int(r.kind)} for r in engine.records]
+        return state
+
+    @classmethod
+    def restored(cls, states: list[dict[str, Any]], engine: ActFirstEngine, buffer: SampleBuffer) -> UpdateRecord:
+        """The open record of :meth:`state_dict` (several: of the saved ranks this rank takes over, added up),
+        opened again on this engine and buffer; its requests go back to the engine's list."""
+        record = cls.opened(states[0]["update"], engine, buffer)
+        for state in states:
+            for field in dataclasses.fields(cls):
+                name, value = field.name, state[field.name]
+                if name == "records":
+                    engine.records.extend(RequestRecord(**{**r, "kind": RequestKind(r["kind"])}) for r in value)
+                elif name == "interventions":
+                    record.interventions += [InterventionRecord(**r) for r in value]
+                elif name == "times":
+                    record.times = {k: record.times[k] + value.get(k, 0.0) for k in SPEEDUP_FIELDS}
+                elif name in ("overlapped", "staleness", "spanning", "wait_s", "ahead_s"):
+                    setattr(record, name, max(getattr(record, name), value))
+                elif name != "update":
+                    setattr(record, name, getattr(record, name) + value)
+        return record
+
 
 
 class UpdateRecords:
@@ -113,10 +151,16 @@ class UpdateRecords:
         """Appendix F's window: the rollout counts of the latest rollout batches."""
         self.open: UpdateRecord | None = None
         """The open update's record (:meth:`begin`; then every :meth:`close` opens the next)."""
+        self.resumed: list[dict[str, Any]] = []
+        """The open records a checkpoint saved, which :meth:`begin` opens again (:meth:`restore`)."""
 
     def begin(self, update: int, engine: ActFirstEngine, buffer: SampleBuffer) -> None:
-        """Open ``update``'s record as the run starts."""
+        """Open ``update``'s record as the run starts (a resumed run: the one its checkpoint saved)."""
         self.open = UpdateRecord.opened(update, engine, buffer)
+        if self.resumed:
+            self.open = UpdateRecord.restored(self.resumed, engine, buffer)
+            if self.open.update != update:
+                raise ValueError(f"the checkpoint's open record is update {self.open.update}'s, not {update}'s")
 
     def count(self, batch: RolloutBatch, started_in: int) -> int:
         """Count a finished rollout batch that started during update ``started_in``'s step: in that update's record
@@ -137,15 +181,32 @@ class UpdateRecords:
         self.open = UpdateRecord.opened(record.update + 1, engine, buffer)
         return record
 
-    def state_dict(self) -> dict[str, Any]:
-        """The window (a checkpoint's rank state: ``recent``)."""
-        return {"recent": list(self.window)}
+    @contextlib.contextmanager
+    def left_out(self, engine: ActFirstEngine) -> Iterator[None]:
+        """Leave what ``engine`` generates inside out of the open record (its tokens and its request records): the
+        probe, the engines' check, an evaluation, on an engine that serves nothing else meanwhile."""
+        before = {key: getattr(engine, counter) for key, counter in _ENGINE_COUNTERS.items()}
+        held = len(engine.records)
+        try:
+            yield
+        finally:
+            for key, counter in _ENGINE_COUNTERS.items():
+                setattr(self.open, key, getattr(self.open, key) - (getattr(engine, counter) - before[key]))
+            del engine.records[held:]
 
-    def restore(self, states: list[dict[str, Any]], *, same_ranks: bool) -> None:
-        """Continue from :meth:`state_dict` of this rank (``same_ranks``); on another number of ranks Appendix F's
-        window starts afresh."""
+    def state_dict(self, engine: ActFirstEngine, buffer: SampleBuffer) -> dict[str, Any]:
+        """The window and the open record (a checkpoint's rank state: ``recent``, ``open_record``)."""
+        return {"recent": list(self.window), "open_record": self.open.state_dict(engine, buffer)}
+
+    def restore(self, states: list[dict[str, Any]], *, same_ranks: bool, rank: int, world_size: int) -> None:
+        """Continue from the saved ranks' :meth:`state_dict`: on as many ranks (``same_ranks``: ``states`` is this
+        rank's), its window and open record; on another number, Appendix F's window starts afresh and rank r takes
+        over the open records of the saved ranks i with i % world_size == r (a checkpoint older than
+        ``open_record``: none)."""
         if same_ranks:
             self.window.extend(states[0]["recent"])
+        mine = states if same_ranks else states[rank::world_size]
+        self.resumed = [s["open_record"] for s in mine if "open_record" in s]
 
     def log(self, record: UpdateRecord, metrics: dict[str, Any], *, version: int, buffered: int, batch_n: int,
             horizon: int, sink: MetricsSink | None) -> None:
@@ -155,11 +216,12 @@ class UpdateRecords:
         keys = sorted(rollout_counts([]))  # the same on every rank, whatever its window holds
         window = {k: sum(c.get(k, 0) for c in self.window) for k in keys}  # a key newer than a checkpoint: 0
         counts = [record.transitions, record.batches, record.generated, record.discarded, record.carried, buffered,
-                  record.dropped, record.early]
+                  record.dropped, record.early, record.spanning]
         sums = reduce_sum([*counts, *[record.times[k] for k in SPEEDUP_FIELDS],
                            *[window[k] for k in keys]])  # one collective for every count of the update
         n = len(counts)
-        transitions, batches, generated, discarded, carried, buffered, dropped, early = (int(x) for x in sums[:n])
+        transitions, batches, generated, discarded, carried, buffered, dropped, early, spanning = (
+            int(x) for x in sums[:n])
         times = dict(zip(SPEEDUP_FIELDS, sums[n:n + len(SPEEDUP_FIELDS)], strict=True))
         slowest = reduce_max([record.rollout_s, record.wall_s, record.wait_s, record.staleness, record.ahead_s])
         per_rank = all_gather_objects({"rollout_s": record.rollout_s, "transitions": record.transitions,
@@ -179,7 +241,8 @@ class UpdateRecords:
             **{f"speedup/run_{k}": v for k, v in speedups(self.clock.rollout_times).items()},
             "weight_version": version, "rollout_s": slowest[0], "rollout_batches": batches,
             "pipeline": self.pipeline, "pipeline/overlapped": record.overlapped, "pipeline/wait_s": slowest[2],
-            "pipeline/max_staleness": int(slowest[3]), "pipeline/ahead_s": slowest[4], "update_wall_s": slowest[1],
+            "pipeline/max_staleness": int(slowest[3]),
+            "pipeline/spanning_samples": spanning, "pipeline/ahead_s": slowest[4], "update_wall_s": slowest[1],
             "elapsed_s": self.clock.elapsed(),
             "env_steps_per_s": transitions / slowest[1] if slowest[1] > 0 else math.nan,
             "transitions": transitions, "total_transitions": self.clock.total_transitions,
