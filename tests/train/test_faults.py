@@ -116,26 +116,36 @@ def write_config(cfg: dict, overrides: list[str], out_dir: Path) -> Path:
     return path
 
 
-def test_ctrl_c_while_a_collection_runs_ahead_ends_promptly_and_leaves_the_checkpoint(base, tmp_path):
-    """SIGINT (Ctrl-C) to the run while its collection ahead runs: the run stops the collection, lets the update
-    finish and closes its workers and engine within a bounded time, leaving no process of its group and its last
-    checkpoint intact."""
-    path = write_config(base, ["pipeline=async", "num_updates=6", "checkpoint_every=1", "probe_contexts=0"], tmp_path)
-    run = Run(path, tmp_path / "run.log")
+def test_ctrl_c_while_a_collection_runs_ahead_ends_promptly_and_leaves_the_checkpoint(tiny_model_dir, tmp_path,
+                                                                                      monkeypatch):
+    """Ctrl-C (SIGINT to the run's process group) while the collection ahead waits on four environment workers whose
+    simulator hangs in ``step`` (the fault-injection toy, from update 1's checkpoint on): the run cancels the
+    collection, lets the update finish and kills the workers still in a call without waiting on them, exiting within
+    a bounded time, no process of its group left, update 1's checkpoint intact (before: the workers were closed
+    first, one by one, each given 10 s to answer a close it could not read)."""
+    flag = tmp_path / "hang"
+    config = fault_config(tiny_model_dir, tmp_path, benchmark="fault_injection_hang", num_updates=6, batch_samples=8,
+                          checkpoint_every=1, env={"max_turns": 3, "tasks": 4, "hang_flag": str(flag)},
+                          rollout={"strategy": "vanilla", "batch_tasks": 4, "max_prompt_tokens": 1500})
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TOY), os.environ.get("PYTHONPATH", "")]))
+    run = Run(config, tmp_path / "run.log")
     out_dir = tmp_path / "run"
-    while 2 not in metrics_lines(out_dir):  # update 3's collection ahead runs from its start on
+    latest = out_dir / "checkpoints" / "latest"
+    while not (latest.exists() and latest.read_text().strip() == "update_000001"):
         run.check_alive()
         time.sleep(0.005)
-    time.sleep(0.5)
+    flag.touch()  # every step from now on hangs: the collection ahead waits on its workers
+    time.sleep(3)
+    run.check_alive()
     os.killpg(run.pgid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
     t0 = time.perf_counter()
     try:
-        code = run.proc.wait(timeout=60)
+        code = run.proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         run.kill()
-        pytest.fail(f"still running 60 s after Ctrl-C:\n{run.output()[-3000:]}")
-    print(f"exited {code} {time.perf_counter() - t0:.1f} s after Ctrl-C")
+        pytest.fail(f"still running 120 s after Ctrl-C:\n{run.output()[-3000:]}")
+    took = time.perf_counter() - t0
+    print(f"exited {code} {took:.1f} s after Ctrl-C")
     run.wait_group_gone("Ctrl-C", timeout=10)
-    assert code != 0
-    state = checkpoint_state(out_dir)
-    assert state is not None and state["update"] >= 2
+    assert code != 0 and took < 20, (code, took, run.output()[-3000:])
+    assert checkpoint_state(out_dir)["update"] == 1
