@@ -29,9 +29,13 @@ An update's own collection (the first update's: nothing is known yet, so a whole
 ``pipeline: inflight`` (:class:`InflightPipeline`) collects ahead as ``async`` does, but the weights enter the
 engine as soon as the update ends, between two engine steps, while the collection's requests continue (each token
 keeps the version that produced it). The collection ahead may then outlast the weight sync: the next update starts
-by waiting for it, and so does whatever needs a quiet engine (a probe, a checkpoint, an evaluation:
-:meth:`Pipeline.quiesce`). A rollout batch counts in the update during whose step it ends
+by waiting for it, and so does whatever needs a quiet engine (a probe, the engines' check, a checkpoint, an
+evaluation: :meth:`Pipeline.quiesce`). A rollout batch counts in the update during whose step it ends
 (``actfirst.train.update_record.UpdateRecords.count``).
+
+Every pipeline stops the run when ``max_empty_batches`` rollout batches in a row give no sample while an update
+collects (:class:`EmptyBatches`: every episode failed, so the collection would never end), and a shutdown cancels the
+collection ahead and waits for it a bounded time (:meth:`Pipeline.stop`).
 """
 
 from __future__ import annotations
