@@ -3,6 +3,7 @@ environment workers) must survive or report (issue 42): batches that keep giving
 error; an ``inflight`` run resumed from a checkpoint taken while its collection ahead ran counts what that collection
 did; Ctrl-C while a collection runs ahead ends the run promptly, leaving no process and its last checkpoint intact."""
 
+import contextlib
 import json
 import os
 import signal
@@ -116,13 +117,15 @@ def write_config(cfg: dict, overrides: list[str], out_dir: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
 def test_ctrl_c_while_a_collection_runs_ahead_ends_promptly_and_leaves_the_checkpoint(tiny_model_dir, tmp_path,
-                                                                                      monkeypatch):
-    """Ctrl-C (SIGINT to the run's process group) while the collection ahead waits on four environment workers whose
-    simulator hangs in ``step`` (the fault-injection toy, from update 1's checkpoint on): the run cancels the
-    collection, lets the update finish and kills the workers still in a call without waiting on them, exiting within
-    a bounded time, no process of its group left, update 1's checkpoint intact (before: the workers were closed
-    first, one by one, each given 10 s to answer a close it could not read)."""
+                                                                                      monkeypatch, stop):
+    """Ctrl-C (SIGINT to the run's process group) or SIGTERM (to the run's process: a launcher's or a scheduler's
+    stop) while the collection ahead waits on environment workers whose simulator hangs in ``step`` (the
+    fault-injection toy, from update 1's checkpoint on): the run cancels the collection, lets the update finish and
+    kills the workers still in a call without waiting on them, exiting within a bounded time, no process of its
+    group left, update 1's checkpoint intact (before: on Ctrl-C the workers were closed first, one by one, each given
+    10 s to answer a close it could not read; SIGTERM ended the run at once, leaving the hung workers behind)."""
     flag = tmp_path / "hang"
     config = fault_config(tiny_model_dir, tmp_path, benchmark="fault_injection_hang", num_updates=6, batch_samples=8,
                           checkpoint_every=1, env={"max_turns": 3, "tasks": 4, "hang_flag": str(flag)},
@@ -137,15 +140,22 @@ def test_ctrl_c_while_a_collection_runs_ahead_ends_promptly_and_leaves_the_check
     flag.touch()  # every step from now on hangs: the collection ahead waits on its workers
     time.sleep(3)
     run.check_alive()
-    os.killpg(run.pgid, signal.SIGINT)  # as a terminal's Ctrl-C: the whole foreground group
+    if stop == "ctrl-c":
+        os.killpg(run.pgid, signal.SIGINT)  # as a terminal's: the whole foreground group
+    else:
+        run.proc.send_signal(signal.SIGTERM)
     t0 = time.perf_counter()
     try:
         code = run.proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         run.kill()
-        pytest.fail(f"still running 120 s after Ctrl-C:\n{run.output()[-3000:]}")
+        pytest.fail(f"still running 120 s after {stop}:\n{run.output()[-3000:]}")
     took = time.perf_counter() - t0
-    print(f"exited {code} {took:.1f} s after Ctrl-C")
-    run.wait_group_gone("Ctrl-C", timeout=10)
+    print(f"exited {code} {took:.1f} s after {stop}")
+    try:
+        run.wait_group_gone(stop, timeout=10)
+    finally:  # what a failure leaves (hung workers sleep for an hour) ends here
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pgid, signal.SIGKILL)
     assert code != 0 and took < 20, (code, took, run.output()[-3000:])
     assert checkpoint_state(out_dir)["update"] == 1
