@@ -93,8 +93,8 @@ def launch(args: argparse.Namespace) -> int:
         plays_teacher_rollouts,
         resolve_models,
     )
+    from actfirst.train.pipeline import check_layout
     from actfirst.train.stages import prepare
-    from actfirst.train.trainer import check_layout
 
     started = time.time()
     nproc = ranks_per_node(args.nproc_per_node)

@@ -60,7 +60,7 @@ def eval_report(successes: list[int] | dict[str, list[int]], benchmark: str = "a
 
 
 def eval_record(update: int, elapsed_s: float, successes, benchmark: str = "alfworld") -> dict:
-    """An ``evals.jsonl`` row as ``Trainer._record_evaluation`` writes it (``test_the_trainer_records_splits``)."""
+    """An ``evals.jsonl`` row as ``actfirst.train.evaluations`` writes it (``test_the_trainer_records_splits``)."""
     report = eval_report(successes, benchmark)
     return {"update": update, "elapsed_s": elapsed_s, "eval_wall_s": 3.0, "report": f"evals/update_{update:06d}.json",
             "summary": report.summary(), "splits": {s: report.summary(split=s) for s in report.splits}}

@@ -399,8 +399,8 @@ class ParallelConfig:
     """On the CPU: the torch threads the teacher's scoring and the student's update run on (in their own thread,
     beside the engine's, whose OpenMP threads vLLM's CPU worker fixes at ``OMP_NUM_THREADS``). null: automatic, this
     rank's share of the cores (``os.sched_getaffinity`` over the node's ranks) less the engine's threads, at least 1,
-    in every pipeline (``actfirst.train.pipeline.update_threads``). Not read on a GPU: the update runs on the device,
-    beside the engine."""
+    in every pipeline (``actfirst.train.update_thread.update_threads``). Not read on a GPU: the update runs on the
+    device, beside the engine."""
 
     def __post_init__(self) -> None:
         check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")
@@ -498,6 +498,10 @@ class TrainConfig:
     at most one version behind). ``inflight``: as ``async``, but the weights enter the engine between its steps while
     requests continue (each token carries its version;
     ``ActFirstEngine.update_weights(..., keep_in_flight=True)``)."""
+    max_empty_batches: int = 8
+    """Rollout batches in a row that give no sample while an update collects its samples (every episode failed: an
+    environment whose ``reset`` fails, a turn-0 prompt too long) after which the run stops with an error naming the
+    benchmark and the first failures (``actfirst.train.pipeline.NoSamplesError``), on any rank where it happens."""
     probe_contexts: int = 8
     """Fixed contexts on which the teacher-minus-student gap is tracked (0: off)."""
     probe_every: int = 1
@@ -570,7 +574,7 @@ class TrainConfig:
         if paths_checked():
             check_paths(self)
         for name in ("num_updates", "batch_samples", "num_minibatches", "micro_batch_tokens", "probe_every",
-                     "checkpoint_every", "keep_checkpoints"):
+                     "checkpoint_every", "keep_checkpoints", "max_empty_batches"):
             check(getattr(self, name) >= 1, name, getattr(self, name), "must be >= 1")
         for name in ("train_tasks", "probe_contexts"):
             check(getattr(self, name) >= 0, name, getattr(self, name), "must be >= 0")

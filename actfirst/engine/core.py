@@ -68,7 +68,8 @@ class RequestRecord:
 
 
 def summarize_records(records: list[RequestRecord]) -> dict[str, dict[str, float]]:
-    """Queue wait and in-slot latency, apart (p50, p95, max; milliseconds), and counts by request kind."""
+    """Queue wait and in-slot latency, apart (p50, p95, max; milliseconds), and counts (requests, preemptions,
+    generated tokens) by request kind."""
 
     def pct(values: list[float], q: float) -> float:
         return 1e3 * sorted(values)[min(len(values) - 1, int(q * len(values)))]
@@ -81,6 +82,7 @@ def summarize_records(records: list[RequestRecord]) -> dict[str, dict[str, float
         waits, lats = [r.queue_wait_s for r in recs], [r.latency_s for r in recs]
         summary[kind.name.lower()] = {
             "count": len(recs), "preemptions": sum(r.num_preemptions for r in recs),
+            "tokens": sum(r.num_tokens for r in recs),
             "queue_wait_p50_ms": pct(waits, 0.5), "queue_wait_p95_ms": pct(waits, 0.95),
             "queue_wait_max_ms": 1e3 * max(waits),
             "latency_p50_ms": pct(lats, 0.5), "latency_p95_ms": pct(lats, 0.95), "latency_max_ms": 1e3 * max(lats),

@@ -452,8 +452,9 @@ class EnvWorker:
                 _kill([*_descendants(pid), psutil.Process(pid)])
 
     def close(self, timeout: float = 10.0) -> None:
-        """Stop the worker: ask it to close its environment, then kill what is left (its JVM included). A start,
-        restart or drain that a thread runs meanwhile is cut short first."""
+        """Stop the worker: ask it to close its environment, then kill what is left (its JVM included); one still in
+        a call (cancelled, its reply owed) is killed at once. A start, restart or drain that a thread runs meanwhile
+        is cut short first."""
         self._closing = True
         try:
             while not self._lock.acquire(timeout=0.1):
@@ -470,11 +471,12 @@ class EnvWorker:
             return
         _LIVE.discard(self)
         processes = self._known_processes()
-        try:
-            self._conn.send(("close", ()))
-        except (BrokenPipeError, OSError):
-            pass
-        self._proc.join(timeout)
+        if not self._pending:  # a worker still in a call (a cancelled one's reply owed) would take it first: killed
+            try:
+                self._conn.send(("close", ()))
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(timeout)
         self._cleanup(processes)
 
 

@@ -241,7 +241,7 @@ def _out_dir(cfg: TrainConfig, resume: bool, inputs: list[Item]) -> None:
 
 
 def _layout(cfg: TrainConfig, ranks: int, inputs: list[Item]) -> None:
-    from actfirst.train.trainer import check_layout
+    from actfirst.train.pipeline import check_layout
 
     try:
         check_layout(cfg, ranks)

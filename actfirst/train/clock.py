@@ -35,7 +35,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from actfirst.core.files import write_atomically
+from actfirst.train.plots import WALL_CLOCK
 from actfirst.train.speedup import FIELDS as SPEEDUP_FIELDS
+from actfirst.train.speedup import run_figures
 
 CLOCK = "clock.jsonl"
 PARTS = ("prepare_s", "train_s", "eval_s", "probe_s", "lost_s", "other_s")
@@ -207,3 +210,17 @@ def account(path: Path) -> dict[str, Any]:
     parts = sum(out[k] for k in PARTS if k != "other_s")
     out["other_s"] = max(0.0, out["total_s"] - parts)
     return out
+
+
+def write_wall_clock(out_dir: Path, clock: RunClock, *, updates: int) -> None:
+    """Rank 0 at a session's end: the run's wall-clock (:func:`account` of ``clock.jsonl``, after a last beat) and
+    its rollout figures into ``<out_dir>/wall_clock.json``."""
+    clock.beat()
+    write_atomically(out_dir / WALL_CLOCK, json.dumps({
+        **account(out_dir / CLOCK), "updates": updates,
+        "rollout_model": {**run_figures(clock.rollout_times), "sums": dict(clock.rollout_times)},
+        "definition": f"{SPEEDUP_FIGURE} (every speedup's figure) follows Appendix C.3: the trainer's "
+        "initialization to its shutdown, evaluation and the probe excluded, summed over the sessions of a "
+        "resumed run without the updates they did again (lost_s); teacher training and reference "
+        "construction are not in the trainer. The parts (prepare, train, eval, probe, lost, other) sum to "
+        "total_s, every session's wall-clock from its launch."}, indent=1))

@@ -55,6 +55,7 @@ def test_the_loop_turns_and_resumes(run_config):
     check_wall_clock(run_dir, rows)
     check_rollout_diagnostics(rows)
     check_tensorboard(out, rows)
+    check_tokens(rows, per_update=True)
 
     # A second run without --resume refuses to mix its metrics into this run's.
     proc = subprocess.run([sys.executable, "-m", "actfirst.run", "--config", str(config)], capture_output=True,
@@ -143,6 +144,19 @@ def check_rollout_diagnostics(rows):
     collected = [r for r in rows if r["rollout_batches"]]
     assert collected and all(r["speedup/eq36"] > 0 for r in collected)
     assert all(r["speedup/eq36"] is None for r in rows if not r["rollout_batches"])
+
+
+def check_tokens(rows, *, per_update):
+    """The tokens an update counts (``generated_tokens``) are those of the requests it counts (``queue``): the
+    rollouts' only, never the probe's, the engines' check's or an evaluation's. ``per_update``: update by update
+    (no request outlives a weight sync); otherwise over the run (``pipeline: inflight``: a request that spans the
+    sync has tokens in two updates, its record in the second)."""
+    queued = [sum(kind["tokens"] for kind in r["queue"].values()) for r in rows]
+    generated = [r["generated_tokens"] for r in rows]
+    assert all(r["discarded_tokens"] == 0 for r in rows)
+    if per_update:
+        assert generated == queued, (generated, queued)
+    assert sum(generated) == sum(queued), (generated, queued)
 
 
 def test_bad_config_is_named(run_config, tmp_path):

@@ -4,7 +4,8 @@ external_launcher), generated ALFWorld games, tiny models, gloo.
 - ``python -m actfirst.run --nproc-per-node 2`` starts two ranks through PyTorch's elastic launcher: after each
   weight sync both engines answer a fixed probe alike, the trainer's log-probs match the engine's, the checkpoint
   holds both ranks' state; ``--resume`` continues it on one rank, and then on two again.
-- A rank killed with SIGKILL ends the whole run, failed, with a line naming it; ``--resume`` finishes it.
+- A rank killed with SIGKILL ends the whole run, failed, with a line naming it; ``--resume`` finishes it (under
+  ``pipeline: inflight``: the weights entering both engines mid-collection, the engines' check waiting for it).
 - Two torchrun agents on this machine, as two nodes of one rank each, run the same command (with rollouts
   overlapping the update and the teacher sharded).
 """
@@ -20,6 +21,7 @@ import time
 import psutil
 import pytest
 import yaml
+from test_loop import check_tokens
 from train_helpers import free_port
 
 RUN_TIMEOUT_S = 420
@@ -103,7 +105,7 @@ def rank_pid(launcher: psutil.Process, rank: int) -> int | None:
 
 
 def test_a_killed_rank_ends_the_run_naming_it_and_resume_finishes(base, tmp_path):
-    config, out_dir = write_config(base, tmp_path, num_updates=4)
+    config, out_dir = write_config(base, tmp_path, num_updates=4, pipeline="inflight")
     log = tmp_path / "killed.log"
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "actfirst.run", "--config", str(config), "--nproc-per-node",
@@ -131,6 +133,12 @@ def test_a_killed_rank_ends_the_run_naming_it_and_resume_finishes(base, tmp_path
     assert "done: 4 updates on 2 rank(s)" in resumed.stdout
     series = rows(out_dir)
     assert [r["update"] for r in series] == [1, 2, 3, 4] and [r["weight_version"] for r in series] == [1, 2, 3, 4]
+    # inflight on two ranks: both engines agree after every sync, B.4's bound holds, nothing is discarded, and the
+    # updates count their own requests' tokens only (the engines' check's left out, the collections' kept)
+    assert all(r["pipeline"] == "inflight" and r["world_size"] == 2 for r in series)
+    assert all(r["sync/engine_tokens_agree"] == 1 and r["sync/engine_logprob_spread"] <= 1e-6 for r in series)
+    assert all(r["pipeline/max_staleness"] <= 1 and r["skipped"] == 0 for r in series)
+    check_tokens(series, per_update=False)
 
 
 def _describe(process: psutil.Process) -> str:

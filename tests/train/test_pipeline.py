@@ -1,13 +1,72 @@
-"""The pipeline's pieces without an engine: the size of the rollout batches collected ahead, and the CPU split (the
-loop through them, serial against async: tests/train/test_loop.py)."""
+"""The pipeline's pieces without an engine: the policies by name, a checkpoint's state, the size of the rollout
+batches collected ahead, and the CPU split (the loop through them, serial against async and inflight:
+tests/train/test_loop.py)."""
 
 import os
 import threading
+import typing
 
 import pytest
 import torch
 
-from actfirst.train.pipeline import SampleYield, set_torch_threads, update_threads
+from actfirst.core.config import TrainConfig
+from actfirst.core.schema import load_config, paths_unchecked
+from actfirst.parallel.context import init_parallel
+from actfirst.train.clock import RunClock
+from actfirst.train.pipeline import (
+    AsyncPipeline,
+    InflightPipeline,
+    PipelineKind,
+    SampleYield,
+    SerialPipeline,
+    create_pipeline,
+)
+from actfirst.train.update_record import UpdateRecords
+from actfirst.train.update_thread import set_torch_threads, update_threads
+
+TASKS = [f"task{i}" for i in range(5)]
+
+
+def make(name: str, **changes):
+    overrides = ["benchmark=alfworld", "student.model=s", "teacher=t", "rollout.strategy=vanilla",
+                 f"pipeline={name}", *[f"{k}={v}" for k, v in changes.items()]]
+    with paths_unchecked():
+        cfg = load_config(TrainConfig, None, overrides)
+    records = UpdateRecords(clock=RunClock(), ctx=init_parallel(), b_max=8, pipeline=name, uopd=False)
+    return create_pipeline(cfg.pipeline, cfg, rank=0, world_size=1, tasks=TASKS, task_key=str, clock=RunClock(),
+                           records=records, on_batch=lambda batch: None)
+
+
+def test_the_pipelines_by_name():
+    """``pipeline:`` names a class (every value the config allows); another name is refused, naming the known."""
+    allowed = typing.get_args(typing.get_type_hints(TrainConfig)["pipeline"])
+    assert {k.value for k in PipelineKind} == set(allowed)
+    made = {name: make(name) for name in allowed}
+    assert {name: type(p) for name, p in made.items()} == {
+        "serial": SerialPipeline, "async": AsyncPipeline, "inflight": InflightPipeline}
+    assert [p.keeps_in_flight for p in made.values()] == [False, False, True]
+    assert [p.collects_ahead(1) for p in made.values()] == [False, True, True]
+    assert not made["async"].collects_ahead(made["async"].cfg.num_updates)  # nothing after the last
+    assert made["serial"].tasks_for(1) == made["serial"].batch_tasks == 16
+    with pytest.raises(ValueError, match=r"^pipeline='overlap': not one of \['serial', 'async', 'inflight'\]$"):
+        create_pipeline("overlap", made["serial"].cfg)
+
+
+def test_a_checkpoint_of_the_earlier_trainer_loads():
+    """A rank state as the trainer before the pipeline classes wrote it (its keys unchanged: ``buffer``,
+    ``tasks``, ``batch_index``, ``sample_yield``; an older one without ``sample_yield``) continues the stream."""
+    saved = make("async", batch_samples=4)
+    saved.stream.next(3)
+    saved.sample_yield.add(2, 6)
+    saved.batch_index = 7
+    state = {**saved.state_dict(), "probe_contexts": [], "recent": [], "rng": {}}
+    assert sorted(saved.state_dict()) == ["batch_index", "buffer", "sample_yield", "tasks"]
+    for older in (state, {k: v for k, v in state.items() if k != "sample_yield"}):
+        resumed = make("async", batch_samples=4)
+        resumed.load_state_dict(older)
+        assert resumed.batch_index == 7 and resumed.stream.next(4) == saved.stream.next(4)
+        saved.stream.load_state_dict(state["tasks"], str)  # (the same tasks again for the next round)
+        assert resumed.sample_yield.per_episode() == (3.0 if "sample_yield" in older else None)
 
 
 def test_the_batch_collected_ahead_is_sized_to_what_the_update_lacks():
