@@ -19,7 +19,7 @@ Models and the update as the trainer builds them (``Trainer._build_models``): th
 student's float32 master weights under FSDP2 (world of one) computing in ``parallel.compute_dtype``, the config's
 ``parallel.attention`` (SDPA on the CPU), ``micro_batch_tokens``, ``num_minibatches``, optimizer and loss; one
 student per variant, from the same weights. Torch threads: what the trainer gives scoring and the update beside a
-one-thread engine (``actfirst.train.pipeline.update_threads``; one on 2 cores), or ``--threads``.
+one-thread engine (``actfirst.train.update_thread.update_threads``; one on 2 cores), or ``--threads``.
 
 Per repeat, the variants in turn, alternating (ABAB...; each repeat reverses the order of the one before: ABBA for
 two): the teacher scores the batch (``TeacherScorer.score``), the student updates on it
@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     from actfirst.core.threads import thread_counts
     from actfirst.parallel.context import init_parallel
     from actfirst.train.packing import pack
-    from actfirst.train.pipeline import set_torch_threads, update_threads
+    from actfirst.train.update_thread import set_torch_threads, update_threads
 
     args = parse_args(argv)
     check_writable_file(args.out, "--out")

@@ -498,6 +498,14 @@ class TrainConfig:
     at most one version behind). ``inflight``: as ``async``, but the weights enter the engine between its steps while
     requests continue (each token carries its version;
     ``ActFirstEngine.update_weights(..., keep_in_flight=True)``)."""
+    collection: Literal["sized", "whole_batch"] | None = None
+    """The rollout batches an update's samples are collected in. ``whole_batch``: every rollout batch of
+    ``rollout.batch_tasks`` tasks, whatever the update still lacks (the papers' protocol: 000 C.5, "both methods use
+    16 tasks per rollout batch"; what a batch gives beyond the update's samples waits in the buffer for the next
+    update, or is dropped once two versions behind). ``sized``: each rollout batch of the tasks expected to give what
+    the update still lacks (at most ``batch_tasks``), so that transitions per update stay near ``batch_samples``.
+    Unset: the pipeline's own, ``whole_batch`` under ``serial``, ``sized`` under ``async`` and ``inflight``
+    (``actfirst.train.pipeline``). With ``batch: rollout`` every batch is whole."""
     max_empty_batches: int = 8
     """Rollout batches in a row that give no sample while an update collects its samples (every episode failed: an
     environment whose ``reset`` fails, a turn-0 prompt too long) after which the run stops with an error naming the

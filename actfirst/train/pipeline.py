@@ -36,6 +36,13 @@ evaluation: :meth:`Pipeline.quiesce`). A rollout batch counts in the update duri
 Every pipeline stops the run when ``max_empty_batches`` rollout batches in a row give no sample while an update
 collects (:class:`EmptyBatches`: every episode failed, so the collection would never end), and a shutdown cancels the
 collection ahead and waits for it a bounded time (:meth:`Pipeline.stop`).
+
+``collection:`` (:class:`Collection`) overrides how big the rollout batches are, whatever the pipeline:
+``whole_batch`` collects every batch whole, as the papers do (000 C.5: "both methods use 16 tasks per rollout
+batch"), so a method whose episodes are shorter executes fewer transitions for the same samples (000's Table 9:
+38,616 against 55,525), part of its speedup (Sec. 5.4); ``sized`` sizes every batch as above, so that the
+transitions per update are about equal for every method and the speedup is throughput alone. Unset, ``serial``
+collects whole batches and ``async`` and ``inflight`` sized ones.
 """
 
 from __future__ import annotations
@@ -77,6 +84,13 @@ class PipelineKind(enum.StrEnum):
     SERIAL = "serial"
     ASYNC = "async"
     INFLIGHT = "inflight"
+
+
+class Collection(enum.StrEnum):
+    """The rollout batches of ``collection:``: whole ones, or sized to what the update lacks."""
+
+    SIZED = "sized"
+    WHOLE_BATCH = "whole_batch"
 
 
 def check_layout(cfg: TrainConfig, world_size: int) -> None:
@@ -215,6 +229,8 @@ class Pipeline(abc.ABC):
     the pipeline hands every finished rollout batch to it, tagged with the update it started in."""
 
     kind: ClassVar[PipelineKind]
+    collection: ClassVar[Collection]
+    """The rollout batches it collects unless ``collection:`` says otherwise."""
     keeps_in_flight: ClassVar[bool] = False
     """Whether the weights enter the engine while requests are in flight, which keep their tokens (``inflight``)."""
 
@@ -227,6 +243,8 @@ class Pipeline(abc.ABC):
         self.stream = TaskStream(tasks, cfg.seed + rank)
         self.sample_yield = SampleYield()
         """Samples per episode of the latest rollout batches: the size of the batches collected ahead."""
+        self.whole_batches = Collection(cfg.collection or self.collection) is Collection.WHOLE_BATCH
+        """Whether every rollout batch is a whole one (``collection:``), else sized to what the update lacks."""
         self.batch_tasks = share(cfg.rollout.batch_tasks, rank, world_size)
         """This rank's tasks of a whole rollout batch (its environment workers)."""
         self.quota = cfg.batch_samples // world_size
@@ -247,10 +265,6 @@ class Pipeline(abc.ABC):
         return self.runner.engine
 
     # -- the policy -------------------------------------------------------------------------------------------------
-
-    @abc.abstractmethod
-    def tasks_for(self, need: int) -> int:
-        """The tasks of the next rollout batch when the update it collects for lacks ``need`` samples."""
 
     @abc.abstractmethod
     def collects_ahead(self, update: int) -> bool:
@@ -339,10 +353,11 @@ class Pipeline(abc.ABC):
         eligible = self.buffer.num_eligible(version)
         return (0 if eligible else 1) if self.cfg.batch == "rollout" else self.quota - eligible
 
-    def _sized(self, need: int) -> int:
-        """A rollout batch expected to give ``need`` more samples (at most ``rollout.batch_tasks``'s share;
-        ``batch: rollout``: a whole rollout batch, 003's step)."""
-        if self.cfg.batch == "rollout":
+    def tasks_for(self, need: int) -> int:
+        """The tasks of the next rollout batch when the update it collects for lacks ``need`` samples: this rank's
+        share of a whole rollout batch (``collection: whole_batch``; ``batch: rollout``, 003's step), else those
+        expected to give ``need`` more samples (at most that share)."""
+        if self.whole_batches or self.cfg.batch == "rollout":
             return self.batch_tasks
         return self.sample_yield.tasks_for(need, self.batch_tasks)
 
@@ -396,9 +411,7 @@ class SerialPipeline(Pipeline):
     """Rollouts, then scoring and the update, then the weight sync; whole rollout batches."""
 
     kind = PipelineKind.SERIAL
-
-    def tasks_for(self, need: int) -> int:
-        return self.batch_tasks
+    collection = Collection.WHOLE_BATCH
 
     def collects_ahead(self, update: int) -> bool:
         return False
@@ -412,9 +425,7 @@ class AsyncPipeline(Pipeline):
     enter the engine once that collection has ended."""
 
     kind = PipelineKind.ASYNC
-
-    def tasks_for(self, need: int) -> int:
-        return self._sized(need)
+    collection = Collection.SIZED
 
     def collects_ahead(self, update: int) -> bool:
         return update < self.cfg.num_updates  # nothing after the last

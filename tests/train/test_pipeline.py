@@ -52,6 +52,25 @@ def test_the_pipelines_by_name():
         create_pipeline("overlap", made["serial"].cfg)
 
 
+def test_collection_whole_or_sized_under_every_pipeline():
+    """``collection:`` unset: serial's rollout batches whole, async's and inflight's sized to what the update lacks
+    (at the latest batches' samples per episode); ``whole_batch`` or ``sized`` given: so under every pipeline;
+    ``batch: rollout`` (003's step) always whole."""
+    for name in ("serial", "async", "inflight"):
+        for collection in (None, "whole_batch", "sized"):
+            pipeline = make(name, **({} if collection is None else {"collection": collection}))
+            assert pipeline.tasks_for(6) == 16  # nothing known yet: a whole batch either way
+            pipeline.sample_yield.add(episodes=4, samples=12)  # 3 samples per episode
+            whole = collection == "whole_batch" or (collection is None and name == "serial")
+            assert pipeline.whole_batches is whole
+            assert [pipeline.tasks_for(n) for n in (1, 6, 7, 100)] == ([16] * 4 if whole else [1, 2, 3, 16]), name
+    rollout = make("async", collection="sized", batch="rollout")
+    rollout.sample_yield.add(episodes=4, samples=12)
+    assert rollout.tasks_for(1) == 16
+    with pytest.raises(ValueError, match=r"collection='whole': must be one of \['sized', 'whole_batch'\]"):
+        make("async", collection="whole")
+
+
 def test_a_checkpoint_of_the_earlier_trainer_loads():
     """A rank state as the trainer before the pipeline classes wrote it (its keys unchanged: ``buffer``,
     ``tasks``, ``batch_index``, ``sample_yield``; an older one without ``sample_yield``) continues the stream."""
