@@ -100,14 +100,15 @@ FINISHED_ROWS = {"kernel_tests": [r"^\d+ passed"],
 def test_a_killed_device_check_keeps_the_rows_of_what_finished(tmp_path):
     """Killed whole (as a device call past its limit) once its second step has printed a row: every step that
     finished keeps its rows and exit status in the fragment, the step that was running keeps the rows it printed
-    (which step that is depends on how fast this machine reacts: the second or the third), nothing after it ran,
-    and at most 8 files are there."""
+    (which step that is depends on how fast this machine reacts: the second or the third; on a loaded machine the
+    kill may even land between two steps, and then none was running), nothing after it ran, and at most 8 files are
+    there."""
     out = tmp_path / "device"
     proc = subprocess.Popen(["bash", "bench/device_check.sh"], cwd=ROOT, env=_env(out, tmp_path),
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, text=True)
     fragment_file, deadline = out / "RESULTS-fragment.md", time.monotonic() + 900
     try:
-        while "| 1 | score |" not in (fragment_file.read_text() if fragment_file.exists() else ""):
+        while "| - | teacher |" not in (fragment_file.read_text() if fragment_file.exists() else ""):
             assert proc.poll() is None and time.monotonic() < deadline, "the colocated step never printed a row"
             time.sleep(0.1)
     finally:
@@ -118,11 +119,12 @@ def test_a_killed_device_check_keeps_the_rows_of_what_finished(tmp_path):
     names = list(sections)
     assert names in (list(STEPS[:2]), list(STEPS[:3])), names
     *finished, running = names
+    if f"`{running}`: exit" in sections[running]:  # killed between two steps: the last one named had finished
+        finished, running = names, None
     for name in finished:
         assert f"`{name}`: exit 0 after" in sections[name], sections[name]
         for pattern in FINISHED_ROWS[name]:
             assert re.search(pattern, sections[name], re.MULTILINE), (name, pattern, sections[name])
-    assert f"`{running}`: exit" not in sections[running]
     if running == "colocated_fit":
-        assert "| - | teacher |" in sections[running] and "| 1 | score |" in sections[running]
+        assert "| - | teacher |" in sections[running]
     assert len(_files(out)) <= MAX_FILES and _files(out) <= FILES

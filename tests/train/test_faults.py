@@ -19,14 +19,9 @@ from test_loop import check_tokens
 TOY = Path(__file__).parents[1] / "toy"
 
 
-@pytest.fixture
-def base(tiny_run_config) -> dict:
-    """The tiny ALFWorld run of ``tiny_run_config`` (tests/train/conftest.py), without evaluations or trackers."""
-    return {**tiny_run_config, "evaluation": None, "report_to": []}
-
-
 def fault_config(tiny_model_dir, tmp_path: Path, **changes) -> Path:
-    """A run on the fault-injection toy whose every ``reset`` raises (``tests/toy/fault_injection_toy.py``)."""
+    """A run on the toy corridor (``tests/toy``), by default its fault injection whose every ``reset`` raises
+    (``tests/toy/fault_injection_toy.py``); ``changes`` replace whole top-level keys."""
     cfg = {"benchmark": "fault_injection_reset", "benchmark_module": "fault_injection_toy",
            "env": {"max_turns": 3, "tasks": 4}, "teacher": str(tiny_model_dir), "references": None,
            "student": {"model": str(tiny_model_dir), "dtype": "float32", "max_model_len": 2048, "max_num_seqs": 16,
@@ -61,22 +56,29 @@ def test_batches_that_give_no_sample_stop_the_run_with_one_error(tiny_model_dir,
     assert "fault injection: reset of ToyTask(" in line and "Traceback" not in out, out[-3000:]
 
 
-def test_an_inflight_run_resumed_while_its_collection_ran_ahead_counts_all_it_did(base, tmp_path):
+def test_an_inflight_run_resumed_while_its_collection_ran_ahead_counts_all_it_did(tiny_model_dir, tmp_path,
+                                                                                    monkeypatch):
     """``pipeline: inflight`` with weights entering mid-collection (a sample spanning two versions, tokens carried
     over a weight load): a checkpoint every 2 updates, taken while the collection ahead for the next update ran past
     the weight sync (what it finished then counts in the next update's open record, which the checkpoint saves);
     SIGKILL after that checkpoint, then ``--resume``: every update logged once, and the run's totals (transitions,
     rollout batches) equal those of the same run unkilled (before: the open record was lost, and they fell short)."""
-    common = ["pipeline=inflight", "num_updates=4", "checkpoint_every=2", "probe_contexts=0", "references=null",
-              "rollout.strategy=vanilla", "env.max_turns=12", "rollout.batch_tasks=2", "batch_samples=12",
-              "rollout.budget.first_stage=40", "rollout.budget.total=48"]
-    # A rollout batch (two episodes of 12 turns) feeds two updates: the odd ones collect nothing ahead, the even ones
-    # one batch, which outlasts their short update: update 2's checkpoint is taken while it runs past the sync.
+    # The toy corridor (tests/toy/toy_benchmark.py): its resets and steps take no time, so the collection ahead is
+    # generation from its first instant and a request is in flight at nearly every instant of it, the weight load
+    # included (on ALFWorld a reset takes about 1.7 s, longer than the tiny models' update: the load came before
+    # the first request). A rollout batch (two episodes of 12 turns: the tiny student finds no valid action) feeds
+    # two updates: the odd ones collect nothing ahead, the even ones one batch, which outlasts their short update:
+    # update 2's checkpoint is taken while it runs past the sync.
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TOY), os.environ.get("PYTHONPATH", "")]))
+    changes = {"benchmark": "toy", "benchmark_module": "toy_benchmark", "env": {"max_turns": 12, "tasks": 4},
+               "pipeline": "inflight", "num_updates": 4, "checkpoint_every": 2, "batch_samples": 12,
+               "rollout": {"strategy": "vanilla", "batch_tasks": 2, "max_prompt_tokens": 1500,
+                           "budget": {"first_stage": 120, "total": 128, "second_stage": 4, "fast_action_tokens": 6}}}
     whole = tmp_path / "whole"
     killed_dir = tmp_path / "killed"
     for out_dir in (whole, killed_dir):
         out_dir.mkdir()
-    wpath, kpath = (write_config(base, common, d) for d in (whole, killed_dir))
+    wpath, kpath = (fault_config(tiny_model_dir, d, **changes) for d in (whole, killed_dir))
     run = Run(wpath, whole / "run.log")
     run.finish()
     rows = [json.loads(line) for line in metrics_lines(whole / "run").values()]
@@ -100,21 +102,6 @@ def test_an_inflight_run_resumed_while_its_collection_ran_ahead_counts_all_it_di
     assert again[-1]["total_transitions"] == rows[-1]["total_transitions"]
     assert sum(r["rollout_batches"] for r in again) == sum(r["rollout_batches"] for r in rows)
     assert sum(r["rollout_batches"] for r in again) == again[-1]["rollout/batch_n"] + 1  # every batch counted once
-
-
-def write_config(cfg: dict, overrides: list[str], out_dir: Path) -> Path:
-    """``cfg`` with ``key.sub=value`` overrides and ``out_dir/run`` as its out_dir, written to ``out_dir``."""
-    cfg = json.loads(json.dumps({**cfg, "out_dir": str(out_dir / "run")}))  # a deep copy
-    for item in overrides:
-        key, value = item.split("=", 1)
-        *sections, name = key.split(".")
-        target = cfg
-        for section in sections:
-            target = target.setdefault(section, {})
-        target[name] = yaml.safe_load(value)
-    path = out_dir / "train.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 @pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
