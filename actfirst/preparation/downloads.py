@@ -74,9 +74,8 @@ class HubFile:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class DriveFile:
-    """A Google Drive file (``url``: ``https://drive.google.com/uc?id=<id>``, see :func:`drive_url`) saved as
-    ``name``."""
+class UrlFile:
+    """A file at ``url``, saved as ``name`` (fetched by pooch)."""
 
     url: str
     name: str
@@ -89,17 +88,9 @@ class DriveFile:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class UrlFile:
-    """Any other URL, saved as ``name``."""
-
-    url: str
-    name: str
-    size: int | None = None
-    sha256: str | None = None
-
-    @property
-    def where(self) -> str:
-        return self.url
+class DriveFile(UrlFile):
+    """A Google Drive file (``url``: ``https://drive.google.com/uc?id=<id>``, see :func:`drive_url`), fetched by
+    gdown."""
 
 
 Remote = HubFile | DriveFile | UrlFile
