@@ -402,6 +402,12 @@ class ParallelConfig:
     in every pipeline (``actfirst.train.update_thread.update_threads``). Not read on a GPU: the update runs on the
     device, beside the engine."""
 
+    cpu_pin_cores: bool = False
+    """On the CPU: keep the engine, scoring and the update, and the environment workers on disjoint cores (the engine's
+    threads first, then the update's, the rest the workers', who share the engine's when none is left: the
+    paper's rollouts and trainer on disjoint GPUs; ``actfirst.train.update_thread.cpu_split``). Off: every thread
+    on every core, as the OS schedules them. Not read on a GPU."""
+
     def __post_init__(self) -> None:
         check(self.sync_bucket_mb >= 1, "sync_bucket_mb", self.sync_bucket_mb, "must be >= 1")
         check(self.cpu_update_threads is None or self.cpu_update_threads >= 1, "cpu_update_threads",

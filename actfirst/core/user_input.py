@@ -15,6 +15,7 @@ import argparse
 import functools
 import json
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable
@@ -58,7 +59,8 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
     """Wrap a command's ``main(argv) -> status``: logging set up for the console (:func:`setup_logging`), then a
     :class:`UserError` writes ``<prog>: error: <message>`` on stderr, as argparse's ``parser.error`` does (no log
     record: a refused command leaves no log file), and returns its ``exit_status`` (:data:`EXIT_USAGE` for a
-    :class:`ConfigError`); other exceptions propagate with their traceback."""
+    :class:`ConfigError`); Ctrl-C (once the command has stopped what it ran) writes ``<prog>: interrupted`` and
+    returns 130, as a shell reports SIGINT; other exceptions propagate with their traceback."""
 
     @functools.wraps(main)
     def wrapped(argv: list[str] | None = None) -> int:
@@ -70,6 +72,10 @@ def command(main: Callable[[list[str] | None], int]) -> Callable[[list[str] | No
             sys.stderr.write(f"{_prog(main.__module__)}: error: {message}\n")
             sys.stderr.flush()
             return e.exit_status
+        except KeyboardInterrupt:
+            sys.stderr.write(f"{_prog(main.__module__)}: interrupted\n")
+            sys.stderr.flush()
+            return 128 + signal.SIGINT
 
     return wrapped
 

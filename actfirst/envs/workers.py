@@ -63,8 +63,10 @@ class WorkerDied(RuntimeError):
     """The worker (or a process it started) died; the worker has been restarted, the episode is lost."""
 
 
-def _worker_main(conn, spec: EnvFactory) -> None:
+def _worker_main(conn, spec: EnvFactory, cores: tuple[int, ...] | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it closes the workers
+    if cores is not None:  # before the environment: the simulator it starts (a JVM) inherits them
+        os.sched_setaffinity(0, cores)
     try:
         env = spec.make_env()
     except UserError as e:  # one the user can fix (a simulator that cannot start): handed on as it is
@@ -153,11 +155,14 @@ def _close_all() -> None:
 class EnvWorker:
     """One environment in its own process."""
 
-    def __init__(self, spec: EnvFactory, call_timeout_s: float | None = None):
+    def __init__(self, spec: EnvFactory, call_timeout_s: float | None = None,
+                 cores: tuple[int, ...] | None = None):
         self.spec = spec
         self.call_timeout_s = call_timeout_s
         """``acall`` waits at most this long for a reply; then the worker counts as dead (None: no limit). The first
         call after a (re)start may take the start-up time if that is longer."""
+        self.cores = cores
+        """The cores the worker and its simulator run on (None: the parent's)."""
         self.restarts = 0
         self.last_death: str | None = None
         """The ``WorkerDied`` message of the latest death (also of one a ``reset`` ran past)."""
@@ -191,7 +196,7 @@ class EnvWorker:
                 return
             ctx = mp.get_context("spawn")
             parent, child = ctx.Pipe()
-            self._proc = ctx.Process(target=_worker_main, args=(child, self.spec), daemon=True,
+            self._proc = ctx.Process(target=_worker_main, args=(child, self.spec, self.cores), daemon=True,
                                      name=f"env-{self.spec.benchmark}")
             self._proc.start()
             child.close()
@@ -483,10 +488,11 @@ class EnvWorker:
 class EnvPool:
     """``size`` workers of one environment spec; a context manager that closes them all."""
 
-    def __init__(self, spec: EnvFactory, size: int, call_timeout_s: float | None = None):
+    def __init__(self, spec: EnvFactory, size: int, call_timeout_s: float | None = None,
+                 cores: tuple[int, ...] | None = None):
         if size < 1:
             raise ValueError(f"size={size}: must be >= 1")
-        self.workers = [EnvWorker(spec, call_timeout_s) for _ in range(size)]
+        self.workers = [EnvWorker(spec, call_timeout_s, cores) for _ in range(size)]
 
     def start(self) -> EnvPool:
         """Start every worker; when one cannot start, close those started and raise its error."""

@@ -300,6 +300,11 @@ class Pipeline(abc.ABC):
             record.overlapped, record.ahead_s = self.ahead.ran, self.ahead.seconds()
         return self.records.close(self.engine, self.buffer, wall_s)
 
+    @property
+    def running_ahead(self) -> bool:
+        """Whether the collection ahead is running now."""
+        return self.ahead is not None and self.ahead.task is not None and not self.ahead.task.done()
+
     async def quiesce(self) -> None:
         """Wait for the collection ahead, if one runs or has not been awaited (the wait adds to the open record's
         ``wait_s``); its error, if it failed, is raised here."""

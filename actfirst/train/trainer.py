@@ -82,7 +82,7 @@ from actfirst.train.student import StudentUpdater
 from actfirst.train.teacher import TeacherScorer
 from actfirst.train.trackers import TrackedRun, open_trackers
 from actfirst.train.update_record import UpdateRecords
-from actfirst.train.update_thread import UpdateThread, set_torch_threads, update_threads
+from actfirst.train.update_thread import CpuSplit, UpdateThread, cpu_split, pin_this_thread, set_torch_threads
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +166,10 @@ class Trainer:
         self.pool: EnvPool | None = None
         self.runner: RolloutRunner | None = None
         self.sink: MetricsSink | None = None
+        self.cpu: CpuSplit | None = None
+        """On the CPU: the threads and cores of the engine, the update and the workers (:meth:`_start`)."""
         self.update_thread = UpdateThread()
-        """Where scoring and the update run (``actfirst.train.update_thread``)."""
+        """Where scoring and the update run (``actfirst.train.update_thread``; its cores: :meth:`_split_cpu`)."""
         self.terminated = False
         """Whether SIGTERM stopped the run (the main thread's handler: :meth:`_train`)."""
 
@@ -188,6 +190,18 @@ class Trainer:
             return None
         return load_references(self.cfg.references, benchmark=self.benchmark,
                                tasks=[self.benchmark.task_key(t) for t in self.tasks])
+
+    def _split_cpu(self) -> None:
+        """On the CPU: the update's threads, and with ``parallel.cpu_pin_cores`` the cores of each side
+        (``actfirst.train.update_thread.cpu_split``), this thread pinned to the engine's before the engine starts."""
+        if self.ctx.device.type == "cpu":
+            env = os.environ
+            self.cpu = cpu_split(self.cfg.parallel.cpu_update_threads, pin=self.cfg.parallel.cpu_pin_cores,
+                                 engine_threads=torch.get_num_threads(), local_rank=int(env.get("LOCAL_RANK", "0")),
+                                 ranks_here=int(env.get("LOCAL_WORLD_SIZE", "1")))
+            logger.info("[rank %d] CPU: %s", self.ctx.rank, self.cpu.describe())
+            pin_this_thread(self.cpu.engine_cores)
+            self.update_thread.cores = self.cpu.trainer_cores
 
     def _build_engine(self) -> ActFirstEngine:
         """This rank's engine (first: on a GPU vLLM takes its share of memory before the trainer's models)."""
@@ -288,6 +302,7 @@ class Trainer:
         """Engines, models, the checkpoint's state, the outputs, the environment workers and the rollout runner."""
         torch.manual_seed(self.cfg.seed + self.ctx.rank)
         hf_logging.disable_progress_bar()  # the console is the updates' progress bar and lines
+        self._split_cpu()
         self.engine = self._build_engine()
         self._build_models()
         self._build_intervention()
@@ -296,7 +311,8 @@ class Trainer:
         self._open_outputs()
         self.records.begin(self.first_update, self.engine, self.pipeline.buffer)
         self.pool = EnvPool(self.benchmark.env_spec(), size=self.pipeline.batch_tasks,
-                            call_timeout_s=self.cfg.rollout.env_timeout_s)
+                            call_timeout_s=self.cfg.rollout.env_timeout_s,
+                            cores=None if self.cpu is None else self.cpu.worker_cores)
         self.pool.start()
         self.runner = RolloutRunner(engine=self.engine, tokenizer=self.tokenizer, benchmark=self.benchmark,
                                     pool=self.pool, strategy=self.strategy, cfg=self.cfg.rollout,
@@ -412,23 +428,20 @@ class Trainer:
         (``parallel.cpu_update_threads``; ``actfirst.train.update_thread``)."""
         if self.cfg.student.sleep_level:
             self.engine.sleep()
-        engine_threads = torch.get_num_threads()  # read in the event loop's thread: the engine's
-        threads = None
-        if self.ctx.device.type == "cpu":
-            threads = update_threads(self.cfg.parallel.cpu_update_threads, engine_threads=engine_threads,
-                                     ranks_here=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        cpu = self.cpu
 
         def work() -> dict[str, Any]:
             if self.ctx.device.type == "cuda":  # the current CUDA device is per thread
                 torch.cuda.set_device(self.ctx.device)
-            used = set_torch_threads(threads) if threads is not None else torch.get_num_threads()
+            used = set_torch_threads(cpu.update_threads) if cpu is not None else torch.get_num_threads()
             with self.engine.update_phase():  # CUDA: the update's own stream, finished on the GPU when it ends
                 t0 = time.perf_counter()
                 self.teacher.score(samples)
                 t1 = time.perf_counter()
                 metrics = self.updater.update(samples, self.engine.weight_version)
             return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1, **kernel_paths(),
-                    "cpu/engine_threads": engine_threads, "cpu/update_threads": used}
+                    "cpu/engine_threads": torch.get_num_threads() if cpu is None else cpu.engine_threads,
+                    "cpu/update_threads": used}
 
         return await self.update_thread.run(work)
 
@@ -454,9 +467,13 @@ class Trainer:
     # -- 5. what is due ---------------------------------------------------------------------------------------------
 
     async def diagnose(self, due: Due) -> dict[str, float]:
-        """The probe and the engines' check when due, left out of the training time (``probe_s``: their time)."""
+        """The probe and the engines' check when due, left out of the training time (``probe_s``: their time), on a
+        quiet engine: ``probe/beside_collection`` is 1 when the collection ahead still ran as they began, which
+        would put rollout work in the time left out and queue their requests behind b_max rollout requests (the
+        step awaits it first: always 0)."""
         t0 = time.perf_counter()
-        metrics = {}
+        diagnosing = due.probe or due.engine_check
+        metrics = {"probe/beside_collection": float(self.pipeline.running_ahead)} if diagnosing else {}
         if due.engine_check:
             metrics.update(await self.probe.check_engines(self.engine, self.tokenizer))
         if due.probe:

@@ -65,6 +65,23 @@ def test_worker_runs_the_environment_and_its_jvm(worker):
     assert worker.memory_bytes() > 100 * 2**20
 
 
+def test_a_worker_and_its_jvm_keep_to_the_cores_given():
+    """``cores`` (``parallel.cpu_pin_cores``): the worker pins itself before its environment starts, so every
+    thread of the worker and of the JVM it starts runs on those cores only; this process's own are untouched."""
+    mine = os.sched_getaffinity(0)
+    core = max(mine)
+    worker = EnvWorker(SCIENCEWORLD.env_spec(), cores=(core,))
+    worker.start()
+    try:
+        assert worker.reset(TASK).observation.startswith("This room is called the hallway.")
+        threads = {(pid, int(tid)) for pid in worker.pids() for tid in os.listdir(f"/proc/{pid}/task")}
+        assert len(threads) > 10  # the JVM's threads among them
+        assert {t: os.sched_getaffinity(t) for _, t in threads} == {t: {core} for _, t in threads}
+        assert os.sched_getaffinity(0) == mine
+    finally:
+        worker.close()
+
+
 def test_the_configured_environment_is_built_in_the_worker(alfworld_games):
     plain = get_benchmark("scienceworld", dataclasses.replace(SCIENCEWORLD.config, max_turns=2, simplification=""))
     workers = {"easy": EnvWorker(SCIENCEWORLD.env_spec()), "plain": EnvWorker(plain.env_spec()),

@@ -146,3 +146,6 @@ def test_ctrl_c_while_a_collection_runs_ahead_ends_promptly_and_leaves_the_check
             os.killpg(run.pgid, signal.SIGKILL)
     assert code != 0 and took < 20, (code, took, run.output()[-3000:])
     assert checkpoint_state(out_dir)["update"] == 1
+    if stop == "ctrl-c":  # one line, as a shell's: no traceback
+        assert code == 130 and "python -m actfirst.run: interrupted" in run.output(), run.output()[-3000:]
+        assert "Traceback" not in run.output(), run.output()[-3000:]

@@ -105,14 +105,19 @@ def rank_pid(launcher: psutil.Process, rank: int) -> int | None:
 
 
 def test_a_killed_rank_ends_the_run_naming_it_and_resume_finishes(base, tmp_path):
-    config, out_dir = write_config(base, tmp_path, num_updates=4, pipeline="inflight")
+    """Under ``pipeline: inflight`` with neither probe nor checkpoint at updates 1 and 3, only the engines' check,
+    which waits for the collection ahead: it does not run beside it (before: it did, its time taken out of the
+    training time while rollouts ran; ``probe/beside_collection`` was 1)."""
+    config, out_dir = write_config(base, tmp_path, num_updates=4, pipeline="inflight", probe_contexts=0,
+                                   checkpoint_every=2)
     log = tmp_path / "killed.log"
     with open(log, "w") as f:
         proc = subprocess.Popen([sys.executable, "-m", "actfirst.run", "--config", str(config), "--nproc-per-node",
                                  "2"], env=ENV, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     launcher = psutil.Process(proc.pid)
     deadline = time.perf_counter() + RUN_TIMEOUT_S
-    while not ((out_dir / "metrics.jsonl").exists() and rows(out_dir)):
+    latest = out_dir / "checkpoints" / "latest"
+    while not (latest.exists() and latest.read_text().strip() == "update_000002"):
         assert proc.poll() is None, log.read_text()[-3000:]
         assert time.perf_counter() < deadline, log.read_text()[-3000:]
         time.sleep(0.05)
@@ -138,7 +143,9 @@ def test_a_killed_rank_ends_the_run_naming_it_and_resume_finishes(base, tmp_path
     assert all(r["pipeline"] == "inflight" and r["world_size"] == 2 for r in series)
     assert all(r["sync/engine_tokens_agree"] == 1 and r["sync/engine_logprob_spread"] <= 1e-6 for r in series)
     assert all(r["pipeline/max_staleness"] <= 1 and r["skipped"] == 0 for r in series)
-    check_tokens(series, per_update=False)
+    # the engines' check ran on a quiet engine every time, also at updates 1 and 3 where nothing else waited for it
+    assert [r["probe/beside_collection"] for r in series] == [0.0] * 4, [r["probe/beside_collection"] for r in series]
+    check_tokens(series, per_update=False)  # (before: the check's tokens taken out with rollout tokens beside them)
 
 
 def _describe(process: psutil.Process) -> str:

@@ -2,6 +2,7 @@
 batches collected ahead, and the CPU split (the loop through them, serial against async and inflight:
 tests/train/test_loop.py)."""
 
+import asyncio
 import os
 import threading
 import typing
@@ -22,7 +23,7 @@ from actfirst.train.pipeline import (
     create_pipeline,
 )
 from actfirst.train.update_record import UpdateRecords
-from actfirst.train.update_thread import set_torch_threads, update_threads
+from actfirst.train.update_thread import UpdateThread, cpu_split, set_torch_threads, update_threads
 
 TASKS = [f"task{i}" for i in range(5)]
 
@@ -115,6 +116,43 @@ def test_the_update_gets_the_cores_the_engine_does_not_use():
     assert update_threads(None, engine_threads=1, ranks_here=1) == max(1, cores - 1)
     assert update_threads(None, engine_threads=cores, ranks_here=1) == 1
     assert update_threads(None, engine_threads=0, ranks_here=2) == max(1, cores // 2)
+
+
+@pytest.mark.parametrize(("cores", "ranks", "setting", "want", "threads"), [
+    (2, 1, None, ((0,), (1,), (0,)), 1),  # this machine's shape: the workers share the engine's core
+    (8, 1, None, ((0,), (1, 2, 3, 4), (5, 6, 7)), 4),  # half of what the engine leaves, rounded up
+    (8, 1, 2, ((0,), (1, 2), (3, 4, 5, 6, 7)), 2),  # parallel.cpu_update_threads
+    (8, 2, None, ((4,), (5, 6), (7,)), 2),  # local rank 1 of 2: cores 4-7
+    (5, 1, 9, ((0,), (1, 2, 3, 4), (0,)), 4),  # more asked than there are
+    (2, 2, None, ((1,), (1,), (1,)), 1),  # one core per rank: every side on it
+])
+def test_pinned_cores_are_dealt_out_engine_update_workers(monkeypatch, cores, ranks, setting, want, threads):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    split = cpu_split(setting, pin=True, engine_threads=1, local_rank=ranks - 1, ranks_here=ranks)
+    assert (split.engine_cores, split.trainer_cores, split.worker_cores) == want
+    assert split.update_threads == threads
+    assert "cores: engine " in split.describe()
+    shared = cpu_split(setting, pin=False, engine_threads=1, local_rank=0, ranks_here=ranks)
+    assert shared.engine_cores is None and shared.update_threads == update_threads(setting, engine_threads=1,
+                                                                                  ranks_here=ranks)
+
+
+def test_the_update_thread_runs_on_its_cores():
+    """Pinned, the update thread (and the OpenMP threads it starts) run on the trainer's cores, the caller's
+    cores untouched."""
+    mine = os.sched_getaffinity(0)
+    core = max(mine)
+    thread = UpdateThread(cores=(core,))
+
+    def work():
+        torch.ones(1000, 1000).sum()  # a parallel region: its OpenMP threads start now
+        return os.sched_getaffinity(0), torch.get_num_threads()
+
+    try:
+        seen, _ = asyncio.run(thread.run(work))
+    finally:
+        assert thread.close(10)
+    assert seen == {core} and os.sched_getaffinity(0) == mine
 
 
 def test_the_update_threads_are_its_own():
