@@ -191,42 +191,10 @@ async def run(cfg: RolloutSpeedupConfig, out_dir: Path) -> dict:
     raw_rows: list[dict] = []
 
     async def paired(L, b_max, turns, policy, repeats):
-        speedups, van_total, af_total, records, peak = [], [], [], [], 0
-        for k in range(repeats):
-            times = {}
-            order = ("vanilla", "actfirst") if k % 2 == 0 else ("actfirst", "vanilla")
-            for strategy in order:
-                # The fast-action admission policy is ActFirst's; think-then-act has no fast actions and runs
-                # with every slot open to its full responses.
-                engine.reconfigure(SchedulerConfig(b_max=b_max, fast_action_admission=policy
-                                                   if strategy == "actfirst" else "wait"))
-                total = 0.0
-                for batch in batches:
-                    if strategy == "vanilla":
-                        total += await think_then_act_batch(engine, batch, turns, L, temp, cfg.seed)
-                    else:
-                        total += await act_first_batch(engine, batch, turns, L, cfg.fast_action_tokens, temp,
-                                                       cfg.seed)
-                times[strategy] = total
-                if strategy == "actfirst":
-                    records += engine.records
-                    peak = max(peak, engine.peak_in_flight)
-            speedups.append(times["vanilla"] / times["actfirst"])
-            van_total.append(times["vanilla"])
-            af_total.append(times["actfirst"])
-        by_kind = summarize_records(records)
-        row = {"full_tokens": L, "b_max": b_max, "turns": turns, "policy": policy, "speedups": speedups,
-               "vanilla_s": van_total, "actfirst_s": af_total,
-               "fast_action_wait_p95_ms": by_kind["fast_action"]["queue_wait_p95_ms"], "requests": by_kind,
-               "peak_in_flight": peak}
+        row = await paired_speedup(engine, cfg, batches, L, b_max, turns, policy, repeats)
         emit({"kind": "speedup", **row})
         raw_rows.append(row)
-        row = analyze(cfg, lat, rates, row)
-        print(f"  L={L:4d} b_max={b_max:4d} T={turns:2d} {policy:8s} speedup {row['speedup_mean']:.2f}x "
-              f"(sd {row['speedup_sd']:.2f}) ideal {row['ideal']:.2f} conc-bound {row['concurrency_bound']:.2f} "
-              f"tput-bound {row['throughput_bound']:.2f} ({row['pct_of_throughput_bound']:.0f}%) "
-              f"step-model {row['step_model']:.2f} ({row['pct_of_step_model']:.0f}%) "
-              f"fast-wait p95 {row['fast_action_wait_p95_ms']:.1f} ms", flush=True)
+        print_row(analyze(cfg, lat, rates, row))
 
     default_policy = cfg.scheduler.fast_action_admission
     print(f"Figure 3a: speedup against b_max (T={cfg.turns[0]}, policy {default_policy}) ...", flush=True)
@@ -246,6 +214,50 @@ async def run(cfg: RolloutSpeedupConfig, out_dir: Path) -> dict:
     await engine.shutdown()
     log.close()
     return assemble(cfg, lat, rates, raw_rows)
+
+
+async def paired_speedup(engine: ActFirstEngine, cfg: RolloutSpeedupConfig, batches: list, L: int, b_max: int,
+                         turns: int, policy: str, repeats: int) -> dict:
+    """Think-then-act against act-first on the same batches, ``repeats`` times in alternating order: the row of
+    measurements (times, speedups, ActFirst's request records and peak in flight)."""
+    speedups, van_total, af_total, records, peak = [], [], [], [], 0
+    temp = cfg.temperature
+    for k in range(repeats):
+        times = {}
+        order = ("vanilla", "actfirst") if k % 2 == 0 else ("actfirst", "vanilla")
+        for strategy in order:
+            # The fast-action admission policy is ActFirst's; think-then-act has no fast actions and runs
+            # with every slot open to its full responses.
+            engine.reconfigure(SchedulerConfig(b_max=b_max, fast_action_admission=policy
+                                               if strategy == "actfirst" else "wait"))
+            total = 0.0
+            for batch in batches:
+                if strategy == "vanilla":
+                    total += await think_then_act_batch(engine, batch, turns, L, temp, cfg.seed)
+                else:
+                    total += await act_first_batch(engine, batch, turns, L, cfg.fast_action_tokens, temp, cfg.seed)
+            times[strategy] = total
+            if strategy == "actfirst":
+                records += engine.records
+                peak = max(peak, engine.peak_in_flight)
+        speedups.append(times["vanilla"] / times["actfirst"])
+        van_total.append(times["vanilla"])
+        af_total.append(times["actfirst"])
+    by_kind = summarize_records(records)
+    return {"full_tokens": L, "b_max": b_max, "turns": turns, "policy": policy, "speedups": speedups,
+            "vanilla_s": van_total, "actfirst_s": af_total,
+            "fast_action_wait_p95_ms": by_kind["fast_action"]["queue_wait_p95_ms"], "requests": by_kind,
+            "peak_in_flight": peak}
+
+
+def print_row(row: dict) -> None:
+    """One analyzed row on a line."""
+    print(f"  L={row['full_tokens']:4d} b_max={row['b_max']:4d} T={row['turns']:2d} {row['policy']:8s} speedup "
+          f"{row['speedup_mean']:.2f}x (sd {row['speedup_sd']:.2f}) ideal {row['ideal']:.2f} "
+          f"conc-bound {row['concurrency_bound']:.2f} tput-bound {row['throughput_bound']:.2f} "
+          f"({row['pct_of_throughput_bound']:.0f}%) step-model {row['step_model']:.2f} "
+          f"({row['pct_of_step_model']:.0f}%) "
+          f"fast-wait p95 {row['fast_action_wait_p95_ms']:.1f} ms", flush=True)
 
 
 def assemble(cfg: RolloutSpeedupConfig, lat: dict, rates: dict[int, float], raw_rows: list[dict]) -> dict:

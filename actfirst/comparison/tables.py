@@ -52,9 +52,8 @@ from typing import Any
 import numpy as np
 
 from actfirst.core.config import RESUMABLE_CHANGES, ConfigError, TrainConfig, check_resumable
-from actfirst.core.files import write_atomically
+from actfirst.core.files import json_safe, write_atomically
 from actfirst.core.schema import to_dict
-from actfirst.evaluation.report import _finite
 from actfirst.evaluation.stats import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -461,7 +460,7 @@ def write_comparison(runs: dict[str, dict[int, Path]], out: str | Path, *,
     if teacher_sr is not None:
         text += f"\n\nTeacher: SR {_pm(teacher['SR'])} %, pooled 95% CI {_ci(teacher.get('SR_ci95_pooled'))}"
     text += "\n\nRuns (SR: mean ± SD over the evaluation seeds):\n\n" + runs_table(methods)
-    write_atomically(out / "comparison.json", json.dumps(_finite({
+    write_atomically(out / "comparison.json", json.dumps(json_safe({
         "methods": methods, "teacher": teacher, "fixed_before_training": fixed, "confidence": CONFIDENCE,
         "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED}}), indent=1, allow_nan=False) + "\n")
     write_atomically(out / "comparison.md", text + "\n")

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from actfirst.core.files import json_safe
 from actfirst.envs.benchmarks import BENCHMARKS
 from actfirst.evaluation.stats import difference_interval, mean_sd, paired_difference_interval, wilson_interval
 
@@ -124,17 +125,6 @@ def episode_metrics(records: Sequence[EpisodeRecord]) -> dict[str, float]:
             "Round": sum(r.turns for r in records) / n, "n": n}
 
 
-def _finite(value: Any) -> Any:
-    """JSON has no NaN: NaN and infinities become null, recursively."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
-
-
 @dataclasses.dataclass(slots=True)
 class EvalReport:
     """An evaluation of one checkpoint on one benchmark under several seeds."""
@@ -201,7 +191,7 @@ class EvalReport:
                 "truncated_frac": truncated / len(lengths) if lengths else math.nan}
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite({
+        return json_safe({
             "benchmark": self.benchmark, "seeds": list(self.seeds), "metrics": list(self.metrics),
             "rows": self.rows, "summary": {row: self.summary(row) for row in self.rows},
             "splits": {split: self.summary(split=split) for split in self.splits},

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from actfirst.core.files import json_safe
 from actfirst.rollout.runner import EpisodeResult
 from actfirst.rollout.strategies import ActionSource
 from actfirst.train.trackers import Tracker
@@ -73,7 +74,7 @@ class MetricsSink:
 
     def log(self, update: int, record: dict[str, Any]) -> None:
         record = {"update": update, **record}
-        self._file.write(json.dumps(_finite(record), default=str) + "\n")
+        self._file.write(json.dumps(json_safe(record), default=str) + "\n")
         self._file.flush()
         scalars = scalar_metrics(record)
         for tracker in self.trackers:
@@ -115,15 +116,6 @@ def _flat(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
-def _finite(value: Any) -> Any:
-    """NaN and inf become null (JSON has neither)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    return value
 
 
 def summary_line(update: int, record: dict[str, Any]) -> str:
