@@ -2,8 +2,9 @@
 command that failed and the first lines of its output, leaving nothing running: from the task enumeration of
 ``python -m actfirst.run`` on the demo config, and from a worker's start.
 
-Faults are injected into the real simulator's start: a ``java`` first on PATH that exits 1 (a fault-injection
-script), and a ``scienceworld`` package that raises on import (a fault-injection package first on ``sys.path``).
+Faults are injected into the real simulator's start: a ``java`` first on PATH that exits 1 or hangs without a word
+(fault-injection scripts), and a ``scienceworld`` package that raises on import (a fault-injection package first on
+``sys.path``).
 """
 
 import os
@@ -31,6 +32,33 @@ def broken_java(tmp_path):
     java.write_text(f"#!/bin/sh\necho '{SAYS}' >&2\nexit 1\n")
     java.chmod(0o755)
     return java
+
+
+def test_a_jvm_that_never_prints_its_port_is_killed_and_named_fault_injection(tmp_path, monkeypatch):
+    """py4j waits for the JVM's port with no limit: a ``java`` that hangs silently (a fault-injection script) is
+    killed after the start's timeout, with everything it started, and the start fails naming it (before: the task
+    enumeration of ``python -m actfirst.run`` waited forever)."""
+    from actfirst.envs.scienceworld.simulator import start_simulator
+
+    bin_dir = tmp_path / "fault-injection-bin"
+    bin_dir.mkdir()
+    (bin_dir / "java").write_text("#!/bin/sh\nsleep 600\n")
+    (bin_dir / "java").chmod(0o755)
+    marker = uuid.uuid4().hex
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("ACTFIRST_TEST_RUN", marker)
+    started = time.monotonic()
+    with pytest.raises(EnvStartError) as error:
+        start_simulator(step_limit=10, timeout_s=2)
+    took = time.monotonic() - started
+    assert 2 <= took < 20, took
+    assert str(error.value).startswith("scienceworld: the simulator could not start: `JAVA_TOOL_OPTIONS="), error.value
+    assert str(error.value).endswith("py4j.GatewayServer --die-on-broken-pipe 0` printed no port within 2 s (killed)")
+    assert f"{bin_dir}/java -classpath" in str(error.value)
+    deadline = time.monotonic() + 10
+    while (left := processes_with("ACTFIRST_TEST_RUN", marker)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in left if p.pid != os.getpid()] == []
 
 
 def processes_with(name: str, value: str) -> list[psutil.Process]:

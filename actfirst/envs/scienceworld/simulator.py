@@ -6,7 +6,9 @@ A start that fails raises ``EnvStartError`` naming the command that failed and t
 discards the JVM's output and, when the JVM exits before printing its port, fails with a bare ``ValueError`` (and the
 library's ``__del__`` with an ``AttributeError``), so after a failed start its command is run once more alone
 (``run_alone``: with stdin closed it ends at once) to read what it says. A ``scienceworld`` package that does not
-import fails the same way.
+import fails the same way. py4j waits for the port with no limit: a JVM still silent after ``START_TIMEOUT_S`` is
+killed, and the start fails saying so (a worker's start has its own bound; the task enumeration, in the command's
+own process, had none).
 """
 
 from __future__ import annotations
@@ -14,8 +16,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 from collections.abc import Iterator
 from typing import Any
+
+import psutil
 
 from actfirst.envs.startup import EnvStartError, first_lines, import_simulator, run_alone, shown
 
@@ -25,16 +30,54 @@ BENCHMARK = "scienceworld"
 JVM_OPTIONS = "-XX:+UseSerialGC -XX:ActiveProcessorCount=1"
 
 
-def start_simulator(step_limit: int, jvm_options: str = JVM_OPTIONS) -> Any:
+START_TIMEOUT_S = 120.0
+"""How long a JVM may take to print its port before it is killed and the start fails."""
+
+
+def start_simulator(step_limit: int, jvm_options: str = JVM_OPTIONS, *,
+                    timeout_s: float = START_TIMEOUT_S) -> Any:
     """A started simulator (a ``scienceworld.ScienceWorldEnv``, no task loaded) that ends an episode itself after
     ``step_limit`` moves; its JVM runs with ``jvm_options`` before the user's own ``JAVA_TOOL_OPTIONS``. Raises
-    ``EnvStartError`` when it cannot start (see the module docstring)."""
+    ``EnvStartError`` when it cannot start, or has not printed its port within ``timeout_s`` (see the module
+    docstring)."""
     library = import_simulator(BENCHMARK, "scienceworld")
-    with _java_tool_options(jvm_options) as options:
+    with _java_tool_options(jvm_options) as options, _jvm_killed_after(timeout_s) as killed:
         try:
             return _simulator_class(library.ScienceWorldEnv)("", envStepLimit=step_limit)
         except Exception as e:
+            if killed:
+                command, _ = launch_command()
+                raise EnvStartError(BENCHMARK, f"`{shown(command, {'JAVA_TOOL_OPTIONS': options})}` printed no port "
+                                               f"within {timeout_s:g} s (killed)") from e
             raise _start_error(e, options) from e
+
+
+@contextlib.contextmanager
+def _jvm_killed_after(timeout_s: float) -> Iterator[list[int]]:
+    """Within the block, a py4j gateway JVM that this process starts and that is still running after ``timeout_s``
+    is killed (py4j's wait for its port then ends); yields the list of the pids killed."""
+    before = {p.pid for p in psutil.Process().children()}
+    killed: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(timeout_s):
+            return
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                if child.pid not in before and "py4j.GatewayServer" in child.cmdline():
+                    for process in [*child.children(recursive=True), child]:  # a wrapper's too: they hold its pipe
+                        with contextlib.suppress(psutil.Error):
+                            process.kill()
+                    killed.append(child.pid)
+
+    watcher = threading.Thread(target=watch, name="jvm-start-watch", daemon=True)
+    watcher.start()
+    try:
+        yield killed
+    finally:
+        done.set()
+        watcher.join()
 
 
 @contextlib.contextmanager
