@@ -48,8 +48,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import math
+import os
 import random
 import time
 from typing import Any
@@ -115,9 +117,14 @@ class Intervention:
     """One rank's UOPD state: the score buffer D_n, the schedule, the teacher's engine and scorer."""
 
     def __init__(self, cfg: UOPDConfig, *, rollout: RolloutConfig, teacher_engine: ActFirstEngine,
-                 scorer: SampleScorer, tokenizer: Any, num_updates: int, seed: int) -> None:
+                 scorer: SampleScorer, tokenizer: Any, num_updates: int, seed: int,
+                 scoring_cores: tuple[int, ...] | None = None) -> None:
         self.cfg, self.rollout = cfg, rollout
         self.teacher_engine, self.scorer, self.tokenizer = teacher_engine, scorer, tokenizer
+        self.executor = None if scoring_cores is None else concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="uopd-score", initializer=os.sched_setaffinity, initargs=(0, scoring_cores))
+        """Where a proposal's teacher forward runs: a thread on ``scoring_cores`` (the trainer's, with
+        ``parallel.cpu_pin_cores``), else the loop's default executor."""
         self.num_updates = num_updates
         self.scores: collections.deque[float] = collections.deque(maxlen=cfg.buffer_size)
         self.rng = random.Random(seed)
@@ -156,7 +163,7 @@ class Intervention:
                 torch.cuda.set_device(self.scorer.device)
             self.scorer.score([sample])  # the scorer's own lock: one teacher forward at a time, the update's too
 
-        await asyncio.to_thread(work)
+        await asyncio.get_running_loop().run_in_executor(self.executor, work)
         delta = uncertainty_score(self.cfg.score, sample.teacher_logprobs, sample.logprobs, sample.loss_mask)
         return delta, sample.teacher_logprobs
 

@@ -167,7 +167,9 @@ class Trainer:
         self.runner: RolloutRunner | None = None
         self.sink: MetricsSink | None = None
         self.cpu: CpuSplit | None = None
-        """On the CPU: the threads and cores of the engine, the update and the workers (:meth:`_start`)."""
+        """On the CPU: the threads and cores of the engine, the update and the workers (:meth:`_split_cpu`)."""
+        self.cores_before = os.sched_getaffinity(0)
+        """This thread's cores before :meth:`_split_cpu` pinned it (given back at :meth:`shut_down`)."""
         self.update_thread = UpdateThread()
         """Where scoring and the update run (``actfirst.train.update_thread``; its cores: :meth:`_split_cpu`)."""
         self.terminated = False
@@ -200,6 +202,9 @@ class Trainer:
                                  engine_threads=torch.get_num_threads(), local_rank=int(env.get("LOCAL_RANK", "0")),
                                  ranks_here=int(env.get("LOCAL_WORLD_SIZE", "1")))
             logger.info("[rank %d] CPU: %s", self.ctx.rank, self.cpu.describe())
+            if self.cpu.engine_cores is not None and self.cpu.engine_threads > len(self.cpu.engine_cores):
+                logger.warning("[rank %d] the engine's %d OpenMP threads (OMP_NUM_THREADS) share %d pinned core(s)",
+                               self.ctx.rank, self.cpu.engine_threads, len(self.cpu.engine_cores))
             pin_this_thread(self.cpu.engine_cores)
             self.update_thread.cores = self.cpu.trainer_cores
 
@@ -243,7 +248,8 @@ class Trainer:
         teacher_engine = ActFirstEngine.from_config(engine_cfg, cfg.scheduler, world_size=self.ctx.world_size)
         self.intervention = Intervention(cfg.uopd, rollout=cfg.rollout, teacher_engine=teacher_engine,
                                          scorer=self.teacher, tokenizer=self.tokenizer, num_updates=cfg.num_updates,
-                                         seed=cfg.seed * 7919 + 13 * self.ctx.rank + 1)
+                                         seed=cfg.seed * 7919 + 13 * self.ctx.rank + 1,
+                                         scoring_cores=None if self.cpu is None else self.cpu.trainer_cores)
 
     def _restore(self) -> None:
         """Continue from ``self.checkpoint``: optimizer (resharded), schedule, counters, and this rank's state (on
@@ -373,6 +379,7 @@ class Trainer:
         engines = [] if self.intervention is None else [self.intervention.teacher_engine]
         for engine in [*engines, *([] if self.engine is None else [self.engine])]:
             await engine.shutdown()
+        pin_this_thread(tuple(self.cores_before))  # what the process does after the run is not the engine's
 
     def _result(self) -> TrainResult:
         """The run's result; rank 0 writes its wall-clock figures (``wall_clock.json``)."""
@@ -429,6 +436,7 @@ class Trainer:
         if self.cfg.student.sleep_level:
             self.engine.sleep()
         cpu = self.cpu
+        engine_threads = torch.get_num_threads() if cpu is None else cpu.engine_threads  # the event loop's thread's
 
         def work() -> dict[str, Any]:
             if self.ctx.device.type == "cuda":  # the current CUDA device is per thread
@@ -440,8 +448,7 @@ class Trainer:
                 t1 = time.perf_counter()
                 metrics = self.updater.update(samples, self.engine.weight_version)
             return {**metrics, "score_s": t1 - t0, "update_s": time.perf_counter() - t1, **kernel_paths(),
-                    "cpu/engine_threads": torch.get_num_threads() if cpu is None else cpu.engine_threads,
-                    "cpu/update_threads": used}
+                    "cpu/engine_threads": engine_threads, "cpu/update_threads": used}
 
         return await self.update_thread.run(work)
 

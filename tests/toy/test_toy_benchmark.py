@@ -121,11 +121,19 @@ def test_one_training_update(toy, tiny_model_dir, tmp_path):
     unknown = subprocess.run([*command, "benchmark_module=null"], env=env, capture_output=True, text=True, check=False,
                              timeout=600)  # the toy's module on the path, but nothing imports it
     assert unknown.returncode == 2 and "benchmark='toy': must be one of" in unknown.stderr, unknown.stderr[-3000:]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=600)
+    # parallel.cpu_pin_cores (off by default) reaches the run: the engine, the update and the workers on their cores
+    proc = subprocess.run([*command, "parallel.cpu_pin_cores=true"], env=env, capture_output=True, text=True,
+                          check=False, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:
+        assert (f"CPU: engine 1 thread(s), scoring and the update 1; cores: engine {cores[0]}, trainer {cores[1]}, "
+                f"environment workers ") in proc.stdout + proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
     (row,) = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["update"] == 1 and row["weight_version"] == 1 and row["num_supervised"] > 0
-    assert row["skipped"] == 0 and row["discarded_tokens"] == 0
+    assert row["skipped"] == 0 and row["discarded_tokens"] == 0 and row["cpu/update_threads"] == 1
+    summary = json.loads((tmp_path / "run" / "run_summary.json").read_text())
+    assert summary["threads"]["end"]["usable_cores"] == len(cores)  # the engine's pin given back at the end
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (saved["benchmark"], saved["benchmark_module"], saved["env"]) == ("toy", "toy_benchmark", None)
 

@@ -143,16 +143,21 @@ def test_the_update_thread_runs_on_its_cores():
     mine = os.sched_getaffinity(0)
     core = max(mine)
     thread = UpdateThread(cores=(core,))
+    before = set(os.listdir("/proc/self/task"))
 
     def work():
-        torch.ones(1000, 1000).sum()  # a parallel region: its OpenMP threads start now
-        return os.sched_getaffinity(0), torch.get_num_threads()
+        set_torch_threads(2)
+        a = torch.randn(512, 512)
+        (a @ a).sum()  # a parallel region: its OpenMP thread starts now
+        started = set(os.listdir("/proc/self/task")) - before
+        return os.sched_getaffinity(0), {int(t): os.sched_getaffinity(int(t)) for t in started}
 
     try:
-        seen, _ = asyncio.run(thread.run(work))
+        seen, started = asyncio.run(thread.run(work))
     finally:
         assert thread.close(10)
     assert seen == {core} and os.sched_getaffinity(0) == mine
+    assert len(started) >= 2 and all(cores == {core} for cores in started.values()), started  # it and its OpenMP's
 
 
 def test_the_update_threads_are_its_own():

@@ -41,43 +41,61 @@ def start_simulator(step_limit: int, jvm_options: str = JVM_OPTIONS, *,
     ``EnvStartError`` when it cannot start, or has not printed its port within ``timeout_s`` (see the module
     docstring)."""
     library = import_simulator(BENCHMARK, "scienceworld")
-    with _java_tool_options(jvm_options) as options, _jvm_killed_after(timeout_s) as killed:
+    with _java_tool_options(jvm_options) as options:
+        watch = _StartWatch(timeout_s)
         try:
-            return _simulator_class(library.ScienceWorldEnv)("", envStepLimit=step_limit)
+            simulator = _simulator_class(library.ScienceWorldEnv)("", envStepLimit=step_limit)
         except Exception as e:
-            if killed:
-                command, _ = launch_command()
-                raise EnvStartError(BENCHMARK, f"`{shown(command, {'JAVA_TOOL_OPTIONS': options})}` printed no port "
-                                               f"within {timeout_s:g} s (killed)") from e
+            if watch.stop():
+                raise _timed_out(options, timeout_s) from e
             raise _start_error(e, options) from e
+        if watch.stop():  # killed as its port came: a dead simulator
+            with contextlib.suppress(Exception):
+                simulator.close()
+            raise _timed_out(options, timeout_s)
+        return simulator
 
 
-@contextlib.contextmanager
-def _jvm_killed_after(timeout_s: float) -> Iterator[list[int]]:
-    """Within the block, a py4j gateway JVM that this process starts and that is still running after ``timeout_s``
-    is killed (py4j's wait for its port then ends); yields the list of the pids killed."""
-    before = {p.pid for p in psutil.Process().children()}
-    killed: list[int] = []
-    done = threading.Event()
+class _StartWatch:
+    """Kills a py4j gateway JVM that this process starts from now on and that is still starting after ``timeout_s``
+    (with what it started: a wrapper's children hold its pipe), unless :meth:`stop` came first; py4j's wait for its
+    port then ends."""
 
-    def watch() -> None:
-        if done.wait(timeout_s):
+    def __init__(self, timeout_s: float) -> None:
+        self.before = {p.pid for p in psutil.Process().children()}
+        self.killed = False
+        self.done = threading.Event()
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._watch, args=(timeout_s,), name="jvm-start-watch", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> bool:
+        """End the watch; whether it killed the JVM."""
+        with self.lock:
+            self.done.set()
+        self.thread.join()
+        return self.killed
+
+    def _watch(self, timeout_s: float) -> None:
+        if self.done.wait(timeout_s):
             return
-        for child in psutil.Process().children():
-            with contextlib.suppress(psutil.Error):
-                if child.pid not in before and "py4j.GatewayServer" in child.cmdline():
-                    for process in [*child.children(recursive=True), child]:  # a wrapper's too: they hold its pipe
-                        with contextlib.suppress(psutil.Error):
-                            process.kill()
-                    killed.append(child.pid)
+        with self.lock:
+            if self.done.is_set():
+                return
+            for child in psutil.Process().children():
+                with contextlib.suppress(psutil.Error):
+                    if child.pid not in self.before and "py4j.GatewayServer" in child.cmdline():
+                        for process in [*child.children(recursive=True), child]:
+                            with contextlib.suppress(psutil.Error):
+                                process.kill()
+                        self.killed = True
 
-    watcher = threading.Thread(target=watch, name="jvm-start-watch", daemon=True)
-    watcher.start()
-    try:
-        yield killed
-    finally:
-        done.set()
-        watcher.join()
+
+def _timed_out(jvm_options: str, timeout_s: float) -> EnvStartError:
+    """The error of a start whose JVM printed no port within ``timeout_s``."""
+    command, _ = launch_command()
+    return EnvStartError(BENCHMARK, f"`{shown(command, {'JAVA_TOOL_OPTIONS': jvm_options})}` printed no port within "
+                                    f"{timeout_s:g} s (killed)")
 
 
 @contextlib.contextmanager
