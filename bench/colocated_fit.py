@@ -98,22 +98,12 @@ def model_directory(size_bytes: int, in_memory: bool) -> Path:
 def load_student(model_dir: Path, cfg: object, ctx: object, compute: torch.dtype) -> torch.nn.Module:
     """The trainer's loading path (``Trainer._build_models``): meta -> attention -> checkpointing -> FSDP2 -> weights
     from the directory. Returns the LMHeadModel."""
-    from actfirst.models.loading import empty_model, load_weights
-    from actfirst.parallel.checkpointing import apply_activation_checkpointing
-    from actfirst.parallel.fsdp import apply_fsdp
-    from actfirst.train.head import LMHeadModel
+    from actfirst.train.head import load_policy
     from actfirst.train.packing import attention_implementation
 
-    student = empty_model(model_dir, torch.float32)
-    student.set_attn_implementation(attention_implementation(cfg.parallel.attention, ctx.device, compute,
-                                                             backward=True))
-    student.train()
-    policy = LMHeadModel(student)
-    if cfg.parallel.activation_checkpointing:
-        apply_activation_checkpointing(policy, policy.blocks)
-    apply_fsdp(policy, policy.blocks, ctx.mesh, param_dtype=compute)
-    load_weights(student, model_dir, ctx.device)
-    return policy
+    return load_policy(model_dir, mesh=ctx.mesh, device=ctx.device, compute_dtype=compute,
+                       attention=attention_implementation(cfg.parallel.attention, ctx.device, compute, backward=True),
+                       activation_checkpointing=cfg.parallel.activation_checkpointing)
 
 
 def run_updates(args: argparse.Namespace, cfg: object, ctx: object, meter: Meter, report: Report, policy, teacher,

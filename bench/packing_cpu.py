@@ -166,10 +166,7 @@ def load_samples(args: argparse.Namespace, cfg, student_dir: str) -> list:
 
 def build(cfg, teacher_dir: str, student_dir: str, variants: list[Variant], ctx) -> dict:
     """Per variant: (its TeacherScorer, its StudentUpdater), built as the trainer builds them."""
-    from actfirst.models.loading import empty_model, load_weights
-    from actfirst.parallel.checkpointing import apply_activation_checkpointing
-    from actfirst.parallel.fsdp import apply_fsdp
-    from actfirst.train.head import LMHeadModel
+    from actfirst.train.head import load_policy
     from actfirst.train.packing import attention_implementation
     from actfirst.train.student import StudentUpdater
     from actfirst.train.teacher import TeacherScorer
@@ -182,14 +179,8 @@ def build(cfg, teacher_dir: str, student_dir: str, variants: list[Variant], ctx)
     for v in variants:  # the same frozen teacher for every variant
         scorer = TeacherScorer(teacher, micro_batch_tokens=v.micro_batch_tokens, device=ctx.device,
                                attention=cfg.parallel.attention, layout=v.layout, name=teacher_dir)
-        student = empty_model(student_dir, torch.float32)
-        student.set_attn_implementation(attention)
-        student.train()
-        policy = LMHeadModel(student, v.layout)
-        if cfg.parallel.activation_checkpointing:
-            apply_activation_checkpointing(policy, policy.blocks)
-        apply_fsdp(policy, policy.blocks, ctx.mesh, param_dtype=compute)
-        load_weights(student, student_dir, ctx.device)
+        policy = load_policy(student_dir, mesh=ctx.mesh, device=ctx.device, compute_dtype=compute, attention=attention,
+                             activation_checkpointing=cfg.parallel.activation_checkpointing, layout=v.layout)
         out[v] = (scorer, StudentUpdater(policy, optim=cfg.optim, loss=cfg.loss, temperature=cfg.rollout.temperature,
                                          num_updates=cfg.num_updates, num_minibatches=cfg.num_minibatches,
                                          micro_batch_tokens=v.micro_batch_tokens))

@@ -18,10 +18,8 @@ import torch
 
 from actfirst.core.schema import to_dict
 from actfirst.kernels.dispatch import logprob_gather
-from actfirst.models.loading import empty_model, load_weights
-from actfirst.parallel.checkpointing import apply_activation_checkpointing
 from actfirst.parallel.context import ParallelContext, broadcast_object, init_parallel, reduce_sum
-from actfirst.parallel.fsdp import apply_fsdp, total_grad_norm
+from actfirst.parallel.fsdp import total_grad_norm
 from actfirst.teacher.data import Examples
 from actfirst.teacher.sft import (
     DATA,
@@ -35,7 +33,7 @@ from actfirst.teacher.sft import (
     wait_for,
 )
 from actfirst.train.checkpoint import latest_checkpoint
-from actfirst.train.head import LMHeadModel
+from actfirst.train.head import load_policy
 from actfirst.train.packing import MicroBatch, pack, pad_across_ranks
 from actfirst.train.state import load_training_checkpoint, save_training_checkpoint
 from actfirst.train.student import learning_rate
@@ -65,14 +63,10 @@ class TeacherTrainer:
         self.plan = batch_plan(examples.lengths, batch_tokens=cfg.batch_tokens, epochs=cfg.epochs, seed=cfg.seed)
         self.checkpoint = broadcast_object(latest_checkpoint(cfg.work_dir) if ctx.lead else None)  # one for all
         source = self.checkpoint or cfg.base_model
-        model = empty_model(source, torch.float32)  # the master weights, on the meta device until sharded
-        model.train()
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.base_model)
-        self.policy = LMHeadModel(model)
-        if cfg.activation_checkpointing:  # before FSDP2 (see actfirst.parallel.checkpointing)
-            apply_activation_checkpointing(self.policy, self.policy.blocks)
-        apply_fsdp(self.policy, self.policy.blocks, ctx.mesh, param_dtype=compute_dtype(cfg, ctx.device))
-        load_weights(model, source, ctx.device)  # this rank's shard only (actfirst.models.loading)
+        self.policy = load_policy(source, mesh=ctx.mesh, device=ctx.device,
+                                  compute_dtype=compute_dtype(cfg, ctx.device),
+                                  activation_checkpointing=cfg.activation_checkpointing)
         self.params = [p for p in self.policy.parameters() if p.requires_grad]
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)

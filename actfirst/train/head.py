@@ -8,12 +8,16 @@ its forward. The same module serves the student's loss, the train-inference mism
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
+from actfirst.models.loading import empty_model, load_weights
+from actfirst.parallel.checkpointing import apply_activation_checkpointing
+from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.train.packing import Layout, MicroBatch, final_hidden, layout_for
 
 HeadOp = Callable[[torch.Tensor, torch.Tensor], Any]
@@ -43,3 +47,23 @@ class LMHeadModel(nn.Module):
     def forward(self, micro_batch: MicroBatch, op: HeadOp) -> Any:
         """``op`` on the final hidden states at ``micro_batch.positions`` and the LM-head weight."""
         return op(final_hidden(self.model, micro_batch), self.model.get_output_embeddings().weight)
+
+
+def load_policy(model_dir: str | os.PathLike, *, mesh: Any, device: torch.device, compute_dtype: torch.dtype,
+                attention: str | None = None, activation_checkpointing: bool = False,
+                layout: Layout | None = None) -> LMHeadModel:
+    """A trainable causal LM from ``model_dir`` as every trainer builds one: float32 master weights on the meta
+    device, attention ``attention`` (an implementation name; None: as the config says), train mode, activation
+    checkpointing per block (``actfirst.parallel.checkpointing``: before FSDP2), FSDP2 over ``mesh`` computing in
+    ``compute_dtype``, then this rank's shard of the weights read onto ``device``. ``layout``: its micro-batches'
+    (None: what its attention calls for)."""
+    model = empty_model(model_dir, torch.float32)
+    if attention is not None:
+        model.set_attn_implementation(attention)
+    model.train()
+    policy = LMHeadModel(model, layout)
+    if activation_checkpointing:
+        apply_activation_checkpointing(policy, policy.blocks)
+    apply_fsdp(policy, policy.blocks, mesh, param_dtype=compute_dtype)
+    load_weights(model, model_dir, device)  # this rank's shard only, from the safetensors files
+    return policy

@@ -58,10 +58,8 @@ from actfirst.engine.core import ActFirstEngine
 from actfirst.envs.benchmarks import get_benchmark
 from actfirst.envs.workers import EnvPool
 from actfirst.kernels.dispatch import last_path
-from actfirst.models.loading import empty_model, host_peak_gib, load_weights
-from actfirst.parallel.checkpointing import apply_activation_checkpointing
+from actfirst.models.loading import host_peak_gib
 from actfirst.parallel.context import ParallelContext, init_parallel
-from actfirst.parallel.fsdp import apply_fsdp
 from actfirst.parallel.weight_sync import gathered_parameters
 from actfirst.preparation.reference_cache import load_references
 from actfirst.rollout.intervention import Intervention
@@ -71,7 +69,7 @@ from actfirst.rollout.strategies import make_strategy
 from actfirst.train.checkpoint import latest_checkpoint, restore_rng, rng_state, truncate_metrics
 from actfirst.train.clock import CLOCK, RunClock, write_wall_clock
 from actfirst.train.evaluations import TrainingEvaluations
-from actfirst.train.head import LMHeadModel
+from actfirst.train.head import LMHeadModel, load_policy
 from actfirst.train.metrics import MetricsSink
 from actfirst.train.packing import attention_implementation
 from actfirst.train.pipeline import check_layout, create_pipeline
@@ -224,14 +222,9 @@ class Trainer:
                                           micro_batch_tokens=cfg.micro_batch_tokens, device=ctx.device,
                                           shard=ctx if cfg.parallel.teacher == "shard" else None,
                                           attention=cfg.parallel.attention)
-        student = empty_model(self.model_dir, torch.float32)  # the master weights, on the meta device
-        student.set_attn_implementation(attention)
-        student.train()
-        self.policy = LMHeadModel(student)
-        if cfg.parallel.activation_checkpointing:  # before FSDP2 (see actfirst.parallel.checkpointing)
-            apply_activation_checkpointing(self.policy, self.policy.blocks)
-        apply_fsdp(self.policy, self.policy.blocks, ctx.mesh, param_dtype=_DTYPES[cfg.parallel.compute_dtype])
-        load_weights(student, self.model_dir, ctx.device)  # this rank's shard only, from the safetensors files
+        self.policy = load_policy(self.model_dir, mesh=ctx.mesh, device=ctx.device,
+                                  compute_dtype=_DTYPES[cfg.parallel.compute_dtype], attention=attention,
+                                  activation_checkpointing=cfg.parallel.activation_checkpointing)
         self.updater = StudentUpdater(self.policy, optim=cfg.optim, loss=cfg.loss, temperature=cfg.rollout.temperature,
                                       num_updates=cfg.num_updates, num_minibatches=cfg.num_minibatches,
                                       micro_batch_tokens=cfg.micro_batch_tokens)
