@@ -274,6 +274,9 @@ class EvaluationConfig:
 
 SFT_MODES = ("full_response", "next_action", "inverse_dynamics")
 
+ThoughtStyle = Literal["short", "restated", "decided", "surveyed", "enumerated"]
+"""The reasoning styles a built model learns (the keys of ``actfirst.train.sft.THOUGHTS``)."""
+
 
 @dataclasses.dataclass(kw_only=True, slots=True)
 class SFTConfig:
@@ -316,11 +319,12 @@ class BuildModelsConfig:
     """Where the student's warm start is built (null: never built); built only when ``student.model`` is this path."""
 
     tokenizer_vocab_size: int = 2048
-    thoughts: Literal["short", "restated", "decided", "surveyed"] = "short"
+    thoughts: ThoughtStyle = "short"
     """The reasoning of the full-response examples (``actfirst.train.sft.THOUGHTS``): ``short`` (about 30 tokens),
     ``restated`` (the context restated before the step: hundreds of tokens, so that think-then-act rollouts are bound
-    by generation), ``decided`` (as long: the step first, then the context restated) or ``surveyed`` (the task and
-    ScienceWorld's action commands restated, then the short thought: about 150 tokens, fixed but for the step)."""
+    by generation), ``decided`` (as long: the step first, then the context restated), ``surveyed`` (the task and
+    ScienceWorld's action commands restated, then the short thought: about 150 tokens, fixed but for the step) or
+    ``enumerated`` (as surveyed, the commands one per line and numbered: about 365 tokens)."""
     teacher: ModelConfig
     teacher_sft: SFTConfig
     student: ModelConfig

@@ -37,7 +37,7 @@ from typing import Any, Literal
 
 import torch
 
-from actfirst.core.config import SFT_MODES, OptimConfig, env_section_type
+from actfirst.core.config import SFT_MODES, OptimConfig, ThoughtStyle, env_section_type
 from actfirst.core.files import write_atomically
 from actfirst.core.schema import check, check_dir, config_json, load_config, paths_checked, to_dict, type_from
 from actfirst.core.user_input import ConfigError, check_exists
@@ -77,7 +77,7 @@ class TeacherSFTConfig:
     modes: list[Literal["full_response", "next_action", "inverse_dynamics"]] = dataclasses.field(
         default_factory=lambda: ["full_response"])
     """The B.1 prompt modes trained on (the teacher scores and writes full responses)."""
-    thoughts: Literal["short", "restated", "decided", "surveyed"] = "short"
+    thoughts: ThoughtStyle = "short"
     """The reasoning of a full response whose source has none (``actfirst.train.sft.THOUGHTS``)."""
     max_prompt_tokens: int = 3584
     """B.2's prompt budget (the training config's ``rollout.max_prompt_tokens``)."""

@@ -11,9 +11,10 @@ o_{t+1}) becomes one example per prompt mode (B.1):
 The reasoning is one of :data:`THOUGHTS`: ``short`` (the goal and the step, about 30 tokens: the main demo, whose
 rollouts are bound by the environment), ``restated`` (the context restated before the step, hundreds of tokens:
 a full response as long against its action as a real model's thinking, so that think-then-act rollouts are bound
-by generation as on a GPU), ``decided`` (as long: the step first, then the context restated) or ``surveyed``
+by generation as on a GPU), ``decided`` (as long: the step first, then the context restated), ``surveyed``
 (the task and the action commands restated, then the short thought: about 150 tokens, the same at every step but
-the decision).
+the decision) or ``enumerated`` (as ``surveyed`` with the commands one per line, numbered: about 365 tokens, toward the
+paper's 512-token full responses).
 
 Prompts are rendered by :func:`actfirst.rollout.prompts.build_prompt`, the same code the rollouts use, from transitions
 replayed in the simulator (the cache's transitions are slimmed: no admissible list, no object aliases).
@@ -104,6 +105,16 @@ def decided_thought(benchmark: Benchmark, step: ExpertStep) -> str:
     return f"{short_thought(benchmark, step)}\n{_context_restated(benchmark, step)}\nSo I take that step."
 
 
+def _commands(benchmark: Benchmark, step: ExpertStep) -> tuple[str, ...]:
+    """The action commands the prompt lists (``Benchmark.action_commands``); a transition without them has no fixed
+    list to restate."""
+    commands = benchmark.action_commands(step.current)
+    if not commands:
+        raise ValueError("prepare.build_models.thoughts restates the action commands a prompt lists; "
+                         f"benchmark {benchmark.name!r}'s transition of task {step.task!r} has none")
+    return commands
+
+
 def surveyed_thought(benchmark: Benchmark, step: ExpertStep) -> str:
     """About 150 tokens (ScienceWorld's lifespan tasks) that are the same at every step of a task but for the
     decision: the task and the action commands restated (the prompt's parts that do not change within an episode),
@@ -112,17 +123,25 @@ def surveyed_thought(benchmark: Benchmark, step: ExpertStep) -> str:
     25 times its action's tokens (000 Sec. 5.3 times 128- and 512-token responses against 16-token fast actions).
     The commands are the benchmark's ``Benchmark.action_commands``; a transition without them has no fixed list to
     restate."""
-    commands = benchmark.action_commands(step.current)
-    if not commands:
-        raise ValueError("prepare.build_models.thoughts='surveyed' restates the action commands a prompt lists; "
-                         f"benchmark {benchmark.name!r}'s transition of task {step.task!r} has none")
+    commands = _commands(benchmark, step)
     return (f"{_task_restated(step)}\n"
             f"The action commands: {', '.join(commands)}.\n"
             f"{short_thought(benchmark, step)}")
 
 
+def enumerated_thought(benchmark: Benchmark, step: ExpertStep) -> str:
+    """About 365 tokens (ScienceWorld's lifespan tasks: 25 commands), the same at every step of a task but for the
+    decision: :func:`surveyed_thought` with the action commands one per line, each numbered against their count
+    ("Command 3 of 25: deactivate OBJ."), so that a full response decodes toward the paper's 512 tokens (000 Sec. 5.3)
+    and a think-then-act rollout is bound by generation even against packed scoring and the update. The numbers
+    say where the list stands, so a small model copying it does not lose its place in a repeated line."""
+    commands = _commands(benchmark, step)
+    listed = "\n".join(f"Command {i} of {len(commands)}: {command}." for i, command in enumerate(commands, 1))
+    return f"{_task_restated(step)}\n{listed}\n{short_thought(benchmark, step)}"
+
+
 THOUGHTS: dict[str, Thought] = {"short": short_thought, "restated": restated_thought, "decided": decided_thought,
-                                "surveyed": surveyed_thought}
+                                "surveyed": surveyed_thought, "enumerated": enumerated_thought}
 """The reasoning styles a built model learns (``prepare.build_models.thoughts``)."""
 
 

@@ -13,6 +13,7 @@ from actfirst.train.sft import (
     THOUGHTS,
     ExpertStep,
     decided_thought,
+    enumerated_thought,
     examples,
     response_text,
     restated_thought,
@@ -77,8 +78,21 @@ def test_surveyed_thought_by_hand():
     other = surveyed_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "focus on bee hive"))
     assert text.splitlines()[:2] == other.splitlines()[:2]  # fixed within the task: only the decision differs
     # ALFWorld's transitions have no templates to restate
-    with pytest.raises(ValueError, match=r"prepare\.build_models\.thoughts='surveyed'.*task 't' has none"):
+    with pytest.raises(ValueError, match=r"prepare\.build_models\.thoughts restates.*task 't' has none"):
         surveyed_thought(get_benchmark("alfworld"), step(ALFWORLD, "take mug 1 from countertop 1"))
+
+
+def test_enumerated_thought_by_hand():
+    history = (Step("This room is called the hallway.", "go to greenhouse"),)
+    text = enumerated_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "go to outside", history))
+    assert text == (f"The task says: {TASK}\n"
+                    "Command 1 of 2: go OBJ.\n"
+                    "Command 2 of 2: focus on OBJ.\n"
+                    "My task is to find the animal with the longest life span. The next step is: go to outside.")
+    other = enumerated_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "focus on bee hive"))
+    assert text.splitlines()[:3] == other.splitlines()[:3]  # fixed within the task: only the decision differs
+    with pytest.raises(ValueError, match=r"prepare\.build_models\.thoughts restates.*'alfworld'.*task 't' has none"):
+        enumerated_thought(get_benchmark("alfworld"), step(ALFWORLD, "take mug 1 from countertop 1"))
 
 
 @pytest.mark.parametrize("name", sorted(THOUGHTS))
@@ -103,11 +117,11 @@ def test_long_examples_are_longer_and_supervise_every_response_token():
         assert all(s.loss_mask == [1] * len(s.response_ids) for s in samples)
         assert all(s.response_ids[-1] == tokenizer.eos_token_id for s in samples)
     short = built["short"]
-    for name in ("restated", "decided", "surveyed"):
+    for name in ("restated", "decided", "surveyed", "enumerated"):
         long = built[name]
         assert [s.context_ids for s in short] == [s.context_ids for s in long]  # the same prompts
         full = [(a, b) for a, b in zip(short, long, strict=True) if a.strategy == "sft:full_response"]
-        ratio = 1.5 if name == "surveyed" else 2  # surveyed restates only the task and the fixture's 2 templates
+        ratio = 1.5 if name in ("surveyed", "enumerated") else 2  # they restate the task and the fixture's 2 templates
         assert len(full) == 2 and all(len(b.response_ids) > ratio * len(a.response_ids) for a, b in full), name
         assert all(a.response_ids == b.response_ids for a, b in zip(short, long, strict=True)
                    if a.strategy == "sft:next_action")
