@@ -69,30 +69,26 @@ def test_decided_thought_by_hand():
                             "Steps taken (0): none yet.\n")
 
 
-def test_surveyed_thought_by_hand():
+FIXED_BY_HAND = {
+    "surveyed": (surveyed_thought, "The action commands: go OBJ, focus on OBJ.\n"),
+    "enumerated": (enumerated_thought, "Command 1 of 2: go OBJ.\nCommand 2 of 2: focus on OBJ.\n"),
+}
+"""The thoughts fixed within a task but for the decision: each one's command lines on the fixture's 2 templates."""
+
+
+@pytest.mark.parametrize("name", sorted(FIXED_BY_HAND))
+def test_fixed_thought_by_hand(name):
+    thought, commands = FIXED_BY_HAND[name]
     history = (Step("This room is called the hallway.", "go to greenhouse"),)
-    text = surveyed_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "go to outside", history))
-    assert text == (f"The task says: {TASK}\n"
-                    "The action commands: go OBJ, focus on OBJ.\n"
+    text = thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "go to outside", history))
+    assert text == (f"The task says: {TASK}\n{commands}"
                     "My task is to find the animal with the longest life span. The next step is: go to outside.")
-    other = surveyed_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "focus on bee hive"))
-    assert text.splitlines()[:2] == other.splitlines()[:2]  # fixed within the task: only the decision differs
+    other = thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "focus on bee hive"))
+    fixed = 1 + commands.count("\n")
+    assert text.splitlines()[:fixed] == other.splitlines()[:fixed]  # fixed within the task: only the decision differs
     # ALFWorld's transitions have no templates to restate
-    with pytest.raises(ValueError, match=r"prepare\.build_models\.thoughts restates.*task 't' has none"):
-        surveyed_thought(get_benchmark("alfworld"), step(ALFWORLD, "take mug 1 from countertop 1"))
-
-
-def test_enumerated_thought_by_hand():
-    history = (Step("This room is called the hallway.", "go to greenhouse"),)
-    text = enumerated_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "go to outside", history))
-    assert text == (f"The task says: {TASK}\n"
-                    "Command 1 of 2: go OBJ.\n"
-                    "Command 2 of 2: focus on OBJ.\n"
-                    "My task is to find the animal with the longest life span. The next step is: go to outside.")
-    other = enumerated_thought(get_benchmark("scienceworld"), step(SCIENCEWORLD, "focus on bee hive"))
-    assert text.splitlines()[:3] == other.splitlines()[:3]  # fixed within the task: only the decision differs
     with pytest.raises(ValueError, match=r"prepare\.build_models\.thoughts restates.*'alfworld'.*task 't' has none"):
-        enumerated_thought(get_benchmark("alfworld"), step(ALFWORLD, "take mug 1 from countertop 1"))
+        thought(get_benchmark("alfworld"), step(ALFWORLD, "take mug 1 from countertop 1"))
 
 
 @pytest.mark.parametrize("name", sorted(THOUGHTS))
