@@ -379,8 +379,9 @@ class EnvWorker:
                 limit_s = self._send(method, args)
             except (BrokenPipeError, OSError):
                 raise WorkerDied(await self._off_loop(self._restart_closed)) from None
-            try:
-                await asyncio.wait_for(self._wait_readable(), limit_s)
+            try:  # not asyncio.wait_for: on 3.11 it can swallow a cancel that comes with the reply (gh-86296)
+                async with asyncio.timeout(limit_s):
+                    await self._wait_readable()
             except TimeoutError:
                 self._pending = False
                 raise WorkerDied(await self._off_loop(

@@ -212,6 +212,46 @@ def test_a_cancelled_call_does_not_shift_replies(worker):
     assert nxt.observation == "You move to the kitchen." and nxt.turn == 1
 
 
+def test_a_cancel_that_comes_with_the_reply_ends_the_call_fault_injection():
+    """Fault injection (a step that answers at once, under a call limit as in training): the loop is busy (an engine
+    step on its thread) while the step's reply arrives, then a Ctrl-C cancels the episode's task 0-11 loop turns
+    later. A call that accepts the cancel (``Task.cancel`` returns True) must end cancelled, whatever the turn.
+    Python 3.11's ``asyncio.wait_for`` returned the reply instead when its inner wait had finished first
+    (gh-86296: here at 3 to 5 turns); the episode then went on to a step of a hung simulator, and Ctrl-C waited for
+    that step's whole limit (``rollout.env_timeout_s``: 600 s)."""
+    worker = EnvWorker(fault_injection_spec(), call_timeout_s=60.0)
+    worker.start()
+
+    async def cancel_after(turns):
+        call = asyncio.create_task(worker.astep("wait"))
+        await asyncio.sleep(0)  # the step is sent
+        time.sleep(0.3)  # the loop busy while the reply arrives
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        accepted = call.cancel()
+        try:
+            await call
+        except asyncio.CancelledError:
+            return accepted, "cancelled"
+        return accepted, "returned"
+
+    async def main():
+        outcomes = []
+        for turns in range(12):
+            await worker.areset(0)  # the owed reply drained: every try starts alike
+            outcomes.append(await cancel_after(turns))
+        return outcomes
+
+    try:
+        outcomes = asyncio.run(main())
+        print(outcomes)
+        assert all(outcome == "cancelled" for accepted, outcome in outcomes if accepted), outcomes
+        assert outcomes[0][0] and not outcomes[-1][0], outcomes  # the turns span the call's end
+        assert asyncio.run(worker.areset(1)).observation == "task 1" and worker.restarts == 0
+    finally:
+        worker.close()
+
+
 def test_one_call_at_a_time(worker):
     async def main():
         return await asyncio.gather(worker.areset(TASK), worker.areset(TASK), return_exceptions=True)
