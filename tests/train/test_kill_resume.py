@@ -44,16 +44,24 @@ def write_config(base: dict, tmp_path: Path, **changes) -> tuple[Path, Path]:
     return path, out_dir
 
 
+def as_a_foreground_job() -> None:
+    """In the child before exec: SIGINT at its default, as a terminal's foreground job has it, even when the tests
+    run in a shell's background job, whose commands start with SIGINT ignored (Python then keeps it ignored, and
+    Ctrl-C would reach no handler)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Run:
-    """One ``python -m actfirst.run`` process in a session of its own (its env workers share its process group);
-    stdout and stderr go, unbuffered, to ``log``."""
+    """One ``python -m actfirst.run`` process in a session of its own (its env workers share its process group),
+    with SIGINT at its default (:func:`as_a_foreground_job`); stdout and stderr go, unbuffered, to ``log``."""
 
     def __init__(self, config: Path, log: Path, *args: str) -> None:
         self.log = log
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
         with open(log, "w") as f:
             self.proc = subprocess.Popen([sys.executable, "-m", "actfirst.run", "--config", str(config), *args],
-                                         stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                         stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                         preexec_fn=as_a_foreground_job)
         self.pgid = self.proc.pid  # start_new_session: the process leads its own group
         self.started = time.perf_counter()
 
