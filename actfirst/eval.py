@@ -30,6 +30,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from actfirst.core.config import EngineConfig, SchedulerConfig, TrainConfig
 from actfirst.core.schema import load_config, paths_unchecked
@@ -42,18 +43,15 @@ from actfirst.core.user_input import (
     ranks_per_node,
 )
 from actfirst.envs.benchmarks import BENCHMARKS
-from actfirst.evaluation.evaluate import (
-    RunEvaluation,
-    benchmark_serving,
-    merge_reports,
-    run_serving,
-    save_report,
-    served,
-)
-from actfirst.evaluation.report import EvalReport
 from actfirst.models.hub import model_commit, resolve_model
 from actfirst.parallel.host_memory import check_host_memory, eval_worker_stage
-from actfirst.train.checkpoint import NAMED, named_checkpoint
+
+if TYPE_CHECKING:
+    from actfirst.evaluation.evaluate import RunEvaluation
+    from actfirst.evaluation.report import EvalReport
+
+# torch and scipy are imported where they are used, not here: every environment worker (a spawned process) runs this
+# module again as its ``__mp_main__``, and they cost it about 1.5 s of CPU each (tests/test_command_imports.py)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +93,7 @@ def serving(args: argparse.Namespace) -> tuple[RunEvaluation, EngineConfig, Sche
                           "environment file), not both and not neither")
     if args.env_config is not None and args.benchmark is None:
         raise ConfigError(f"--env-config={args.env_config!r}: goes with --benchmark (--config holds its env: section)")
+    from actfirst.evaluation.evaluate import benchmark_serving, run_serving
     from actfirst.parallel.context import launched_as_rank
 
     overrides = list(args.overrides) + flag_overrides(args)
@@ -111,6 +110,8 @@ def serving(args: argparse.Namespace) -> tuple[RunEvaluation, EngineConfig, Sche
 def checkpoint_name(args: argparse.Namespace, overrides: list[str]) -> str:
     """``--checkpoint`` as a directory or Hub id: ``latest`` or ``best`` (with ``--config``) as that run's
     ``<out_dir>/checkpoints/latest`` or ``.../best``, and those as the checkpoint they name."""
+    from actfirst.train.checkpoint import NAMED, named_checkpoint
+
     name = args.checkpoint
     if name in NAMED and not Path(name).exists():
         if args.config is None:
@@ -126,6 +127,7 @@ async def _play(plan: RunEvaluation, engine_cfg: EngineConfig, scheduler_cfg: Sc
                 shard: tuple[int, int]) -> list[EvalReport]:
     """This rank's part, and every rank's parts gathered while the engines run (vLLM's shutdown may take the
     process group down with it)."""
+    from actfirst.evaluation.evaluate import served
     from actfirst.parallel.context import all_gather_objects, wait_for_ranks
 
     async with served(engine_cfg, scheduler_cfg, world_size=shard[1]) as (engine, tokenizer):
@@ -137,6 +139,7 @@ async def _play(plan: RunEvaluation, engine_cfg: EngineConfig, scheduler_cfg: Sc
 def evaluate_as_rank(args: argparse.Namespace, plan: RunEvaluation, engine_cfg: EngineConfig,
                      scheduler_cfg: SchedulerConfig) -> None:
     """Play this process's share (all of it in a world of one); rank 0 merges the parts and writes the report."""
+    from actfirst.evaluation.evaluate import merge_reports, save_report
     from actfirst.parallel.context import init_parallel, launched_as_rank, shutdown_parallel
 
     ctx = init_parallel() if launched_as_rank() else None

@@ -13,7 +13,9 @@
   cross-check.
 
 Every interval is two-sided at ``level`` (default :data:`CONFIDENCE`); the normal and t quantiles are
-``scipy.stats.norm.ppf`` and ``scipy.stats.t.ppf``, the bootstrap ``scipy.stats.bootstrap``.
+``scipy.stats.norm.ppf`` and ``scipy.stats.t.ppf``, the bootstrap ``scipy.stats.bootstrap``. scipy is imported where
+it is used: the commands that start environment workers import this module, and each worker, a spawned process, runs
+the command's module again (``tests/test_command_imports.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import scipy.stats
 
 CONFIDENCE = 0.95
 """The level of every interval reported (two-sided)."""
@@ -37,6 +38,8 @@ def normal_quantile(level: float = CONFIDENCE) -> float:
     0.95)."""
     if not 0 < level < 1:
         raise ValueError(f"level={level}: must be in (0, 1)")
+    import scipy.stats
+
     return float(scipy.stats.norm.ppf(0.5 + level / 2))
 
 
@@ -44,6 +47,8 @@ def t_quantile(p: float, df: int) -> float:
     """The ``p`` quantile (0.5 < p < 1) of Student's t with ``df`` >= 1 degrees of freedom (``scipy.stats.t.ppf``)."""
     if not 0.5 < p < 1 or df < 1:
         raise ValueError(f"t_quantile(p={p}, df={df}): needs 0.5 < p < 1 and df >= 1")
+    import scipy.stats
+
     return float(scipy.stats.t.ppf(p, df))
 
 
@@ -149,6 +154,7 @@ def speedup_interval(baseline: Sequence[float], method: Sequence[float], *, resa
     narrow with few seeds: a cross-check beside :func:`paired_ratio`); None when either has fewer than two values."""
     if min(len(baseline), len(method)) < 2:
         return None
+    import scipy.stats
 
     def ratio_of_means(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
         return x.mean(axis=axis) / y.mean(axis=axis)

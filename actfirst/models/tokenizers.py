@@ -18,11 +18,14 @@ import base64
 import importlib.resources
 import os
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from actfirst.core.user_input import ConfigError
+
+if TYPE_CHECKING:  # transformers where it is used: the commands import this module (tests/test_command_imports.py)
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 # Qwen2/Qwen3 pre-tokenizer split (single digits, unlike GPT-4's \p{N}{1,3}).
 QWEN_SPLIT_PATTERN = (
@@ -129,6 +132,8 @@ def _merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 
 
 def _wrap(tok: Tokenizer, *, eos: str, pad: str) -> PreTrainedTokenizerFast:
+    from transformers import PreTrainedTokenizerFast
+
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, pad_token=pad, model_max_length=131_072)
     hf.chat_template = CHAT_TEMPLATE
     return hf
