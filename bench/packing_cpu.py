@@ -60,13 +60,18 @@ class Variant:
         return f"{self.layout}@{self.micro_batch_tokens}"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    """``--config`` with its overrides, ``--teacher`` and ``--student`` (what :func:`load_cfg` reads)."""
     parser.add_argument("--config", required=True, help="a training config (its shapes, budget and optimizer)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides for --config (key=value)")
     parser.add_argument("--teacher", help="teacher directory (default: the config's)")
     parser.add_argument("--student", help="student directory (default: the config's student.model)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_model_args(parser)
     parser.add_argument("--variants", nargs="+", default=["packed", "padded"],
                         help="layout[@micro_batch_tokens] (default budget: the config's)")
     parser.add_argument("--repeats", type=positive_int, default=4, help="rounds over the variants, the first a warm-up")

@@ -67,6 +67,34 @@ def test_scienceworld_cache_covers_every_task_and_replays(sw_cache):
         env.close()
 
 
+def test_a_cache_serves_another_turn_limit_only_where_every_reference_fits(sw_cache, tmp_path):
+    """The turn limit may differ from the cache's (000 Sec. 5.1's 30 turns over a 12-turn cache) where each
+    reference fits in the run's and was not cut by the cache's; any other key must be the cache's."""
+    built = get_benchmark("scienceworld").config
+    refs = load_references(sw_cache)
+    longest = max(len(ref.actions) for ref in refs.values())
+    for limit in (longest, built.max_turns + 20):
+        other = get_benchmark("scienceworld", dataclasses.replace(built, max_turns=limit))
+        assert load_references(sw_cache, benchmark=other) == refs
+    short = get_benchmark("scienceworld", dataclasses.replace(built, max_turns=longest - 1))
+    with pytest.raises(ConfigError, match=rf"built under max_turns={built.max_turns}; .* does not fit the run's "
+                                          rf"max_turns={longest - 1}"):
+        load_references(sw_cache, benchmark=short)
+    cut = tmp_path / "cut.jsonl"  # a reference the cache's limit cut: its transitions are not another limit's
+    lines = sw_cache.read_text().splitlines()
+    row = json.loads(lines[0])
+    row["transitions"][-1]["truncated"] = True
+    cut.write_text("\n".join([json.dumps(row), *lines[1:]]) + "\n")
+    shutil.copy(sw_cache.with_name(sw_cache.name + ".meta.json"), cut.with_name("cut.jsonl.meta.json"))
+    longer = get_benchmark("scienceworld", dataclasses.replace(built, max_turns=built.max_turns + 20))
+    with pytest.raises(ConfigError, match=rf"reference of task {row['task']!r} .* was cut by the cache's"):
+        load_references(cut, benchmark=longer)
+    assert load_references(cut, benchmark=get_benchmark("scienceworld", built))  # under the cache's own limit
+    harder = get_benchmark("scienceworld", dataclasses.replace(built, simplification=""))
+    with pytest.raises(ConfigError, match="built under another scienceworld config .* simplification"):
+        load_references(sw_cache, benchmark=harder)
+
+
 def test_replaying_a_reference_passes_every_check_and_a_detour_fails(sw_cache):
     refs = load_references(sw_cache)
     benchmark = get_benchmark("scienceworld")

@@ -133,9 +133,14 @@ def test_a_reference_cache_of_another_benchmark(capsys, tmp_path, out_dir):
 
 
 def test_a_reference_cache_of_another_config(capsys, out_dir):
-    status, line = run_main(capsys, "env.max_turns=30", f"student.model={TEACHER}", f"out_dir={out_dir}")
-    assert status == 2 and f"references={str(REFERENCES.relative_to(ROOT))!r}: built under another scienceworld " \
-                           f"config" in line and "max_turns: cache 12, run 30" in line, line
+    refs = f"references={str(REFERENCES.relative_to(ROOT))!r}"
+    status, line = run_main(capsys, "env.simplification=teleportAction", f"student.model={TEACHER}",
+                            f"out_dir={out_dir}")
+    assert status == 2 and f"{refs}: built under another scienceworld config" in line and \
+        "simplification: cache 'easy', run 'teleportAction'" in line, line
+    status, line = run_main(capsys, "env.max_turns=2", f"student.model={TEACHER}", f"out_dir={out_dir}")
+    assert status == 2 and f"{refs}: built under max_turns=12; its reference of task" in line and \
+        "does not fit the run's max_turns=2" in line, line
     assert not out_dir.exists()
 
 

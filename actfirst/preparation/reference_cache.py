@@ -105,9 +105,9 @@ def load_references(path: str | Path, *, benchmark: Benchmark | None = None, tas
                     allow_partial: bool = False, key: str = "references") -> dict[str, Reference]:
     """A cache by task key, its transitions of its benchmark's ``Benchmark.transition_class`` (``benchmark``'s, or
     that of the benchmark its metadata names). Refused (:class:`ConfigError` naming ``key`` and the path): a missing
-    file or metadata, a malformed line, a cache of another benchmark or benchmark config than ``benchmark``'s, or of
-    no known benchmark, coverage below 100% (unless ``allow_partial``: :class:`PartialCacheError`), and a cache
-    without a reference for one of ``tasks``."""
+    file or metadata, a malformed line, a cache of another benchmark or benchmark config than ``benchmark``'s (a
+    turn limit may differ where every reference fits: ``TURN_LIMIT``), or of no known benchmark, coverage below 100%
+    (unless ``allow_partial``: :class:`PartialCacheError`), and a cache without a reference for one of ``tasks``."""
     what = f"{key}={str(path)!r}"
     if not Path(f"{path}.meta.json").is_file():
         raise ConfigError(f"{what}: no {Path(path).name}.meta.json beside it: not a cache written by "
@@ -131,6 +131,8 @@ def load_references(path: str | Path, *, benchmark: Benchmark | None = None, tas
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{what}: line {n} is not a reference ({type(e).__name__}: {e})") from None
         refs[ref.task] = ref
+    if benchmark is not None:
+        _check_turn_limit(refs, meta, benchmark, what)
     missing = [t for t in tasks if t not in refs]
     if missing:
         raise ConfigError(f"{what}: no reference for {len(missing)} of the {len(tasks)} training tasks, e.g. "
@@ -149,14 +151,32 @@ def _evaluation_only(config: Any) -> tuple[str, ...]:
     return getattr(type(config), "EVALUATION_ONLY", ())
 
 
+TURN_LIMIT = "max_turns"
+"""A benchmark config's turn limit. The limit only cuts an episode short (``Transition.truncated``), so a reference
+that the limit never cut and that fits in another limit has the same transitions under it: a cache serves a run under
+another limit when each of its references does (the demo's 12-turn cache under the papers' 30, 000 Sec. 5.1)."""
+
+
+def _check_turn_limit(refs: dict[str, Reference], meta: dict[str, Any], benchmark: Benchmark, what: str) -> None:
+    """Under a turn limit other than the cache's, every reference must fit in the run's, uncut by the cache's."""
+    limit, built = getattr(benchmark.config, TURN_LIMIT, None), meta.get("config", {}).get(TURN_LIMIT)
+    if limit is None or built == limit:
+        return
+    for ref in refs.values():
+        if len(ref.actions) > limit or any(t.truncated for t in ref.transitions):
+            raise ConfigError(f"{what}: built under {TURN_LIMIT}={built!r}; its reference of task {ref.task!r} "
+                              f"({len(ref.actions)} actions) does not fit the run's {TURN_LIMIT}={limit} or was cut "
+                              f"by the cache's; rebuild it or point references at this config's cache")
+
+
 def _check_cache_of(meta: dict[str, Any], benchmark: Benchmark, what: str) -> None:
     """The cache's metadata must name ``benchmark`` and its config (every key of the run's config that the cache
-    recorded, with the same value)."""
+    recorded, with the same value; the turn limit is checked against the references, ``_check_turn_limit``)."""
     if meta.get("benchmark") != benchmark.name:
         raise ConfigError(f"{what}: a cache of benchmark {meta.get('benchmark')!r}, not of {benchmark.name!r}")
     ours = transition_config(benchmark.config)
     theirs = {k: v for k, v in meta.get("config", {}).items() if k not in _evaluation_only(benchmark.config)}
-    differ = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)]
+    differ = [k for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k) and k != TURN_LIMIT]
     if differ:
         k = differ[0]
         raise ConfigError(f"{what}: built under another {benchmark.name} config ({len(differ)} key(s) differ, e.g. "
