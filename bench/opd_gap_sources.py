@@ -11,7 +11,7 @@ the simulator, rendered as a rollout renders them (``bench/packing_cpu.py``'s ``
 transformers' ``generate`` at the config's rollout temperature and top-p, no top-k, up to the B.3 budget's total,
 stopping at ``</action>`` (no B.3 insertion: a rollout's budget rarely binds at these lengths). Each response's tokens
 are scored by the student (log pi_old, at the sampling temperature) and the teacher (at temperature 1, as
-``TeacherScorer``), float32.
+``TeacherScorer``), float32, through the trainer's LM-head gather.
 
 Printed: how many responses deviate from the reference before its last 12 tokens (the decision), the student's own
 log-prob of the first deviating token (median and quartiles), and the mean advantage per token before the first
@@ -24,12 +24,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import statistics
 from pathlib import Path
 
 import torch
-from packing_cpu import add_model_args, collect, load_cfg
+from packing_cpu import add_model_args, collect, load_cfg, response_logprobs
 
 from actfirst.core.files import write_atomically
 from actfirst.core.user_input import check_writable_file, positive_int
@@ -50,32 +49,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def token_logprobs(model: torch.nn.Module, ids: list[int], start: int, temperature: float) -> torch.Tensor:
-    """log p(ids[t] | ids[:t]) for t >= start, at ``temperature``, float32."""
-    with torch.no_grad():
-        logits = model(torch.tensor([ids])).logits[0, start - 1:-1].float() / temperature
-    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[start:])[:, None])[:, 0]
-
-
-def sample_and_score(cfg, models: dict, tokenizer, row: dict, k: int) -> list[dict]:
-    """``k`` responses of the student to ``row``'s context, each with both models' log-probs and its first
-    deviation from ``row``'s reference response."""
-    context, reference = row["context_ids"], row["response_ids"]
+def sample(cfg, student: torch.nn.Module, tokenizer, rows: list[dict], k: int) -> list[dict]:
+    """``k`` responses of the student to each row's context (transformers' ``generate``), each with its first
+    deviation from the row's reference response."""
     rollout, out = cfg.rollout, []
-    for _ in range(k):
-        with torch.no_grad():
-            ids = models["student"].generate(
-                torch.tensor([context]), do_sample=True, temperature=rollout.temperature, top_p=rollout.top_p,
-                top_k=0, max_new_tokens=rollout.budget.total, stop_strings=[ACTION_CLOSE], tokenizer=tokenizer,
-                pad_token_id=tokenizer.pad_token_id or 0)[0].tolist()
-        response = ids[len(context):]
-        old = token_logprobs(models["student"], ids, len(context), rollout.temperature)
-        teacher = token_logprobs(models["teacher"], ids, len(context), 1.0)
-        deviation = next((i for i, (x, y) in enumerate(zip(response, reference, strict=False)) if x != y),
-                         min(len(response), len(reference)))
-        out.append({"task": row["task"], "turn": row["turn"], "response": response, "reference": reference,
-                    "deviation": deviation, "old_logprobs": old.tolist(), "teacher_logprobs": teacher.tolist()})
+    for row in rows:
+        context, reference = row["context_ids"], row["response_ids"]
+        for _ in range(k):
+            with torch.no_grad():
+                ids = student.generate(
+                    torch.tensor([context]), do_sample=True, temperature=rollout.temperature, top_p=rollout.top_p,
+                    top_k=0, max_new_tokens=rollout.budget.total, stop_strings=[ACTION_CLOSE], tokenizer=tokenizer,
+                    pad_token_id=tokenizer.pad_token_id or 0)[0].tolist()
+            response = ids[len(context):]
+            deviation = next((i for i, (x, y) in enumerate(zip(response, reference, strict=False)) if x != y),
+                             min(len(response), len(reference)))
+            out.append({"task": row["task"], "turn": row["turn"], "context": context, "response": response,
+                        "reference": reference, "deviation": deviation})
     return out
+
+
+def score(records: list[dict], student_dir: str, teacher_dir: str, temperature: float) -> None:
+    """Set each record's ``old_logprobs`` (the student at the sampling temperature) and ``teacher_logprobs`` (at
+    temperature 1, as ``TeacherScorer``), through the trainer's LM-head gather (``packing_cpu.response_logprobs``)."""
+    from actfirst.rollout.sample import Sample
+
+    samples = [Sample(context_ids=r["context"], response_ids=r["response"], loss_mask=[1] * len(r["response"]),
+                      logprobs=[0.0] * len(r["response"]), weight_version=0, task=r["task"], turn=r["turn"],
+                      strategy="bench") for r in records]
+    for key, model_dir, t in (("old_logprobs", student_dir, temperature), ("teacher_logprobs", teacher_dir, 1.0)):
+        for record, logprobs in zip(records, response_logprobs(model_dir, samples, t), strict=True):
+            record[key] = logprobs
 
 
 def summarize(records: list[dict]) -> dict:
@@ -105,12 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     check_writable_file(args.out, "--out")
     cfg, teacher_dir, student_dir = load_cfg(args)
     rows = collect(dataclasses.replace(cfg, batch_samples=args.contexts), student_dir, "random", args.seed)
-    random.Random(args.seed).shuffle(rows)
     torch.manual_seed(args.seed)
-    models = {name: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-              for name, path in (("student", student_dir), ("teacher", teacher_dir))}
-    tokenizer = AutoTokenizer.from_pretrained(student_dir)
-    records = [r for row in rows for r in sample_and_score(cfg, models, tokenizer, row, args.samples_per_context)]
+    student = AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32).eval()
+    records = sample(cfg, student, AutoTokenizer.from_pretrained(student_dir), rows, args.samples_per_context)
+    score(records, student_dir, teacher_dir, cfg.rollout.temperature)
     summary = summarize(records)
     print(f"{summary['responses']} responses, {summary['deviating']} deviate from the reference before its last "
           f"{DECISION_TOKENS} tokens; the student's log-prob of the first deviating token, quartiles: "

@@ -132,19 +132,28 @@ def collect(cfg, student_dir: str, pick: str, seed: int) -> list[dict]:
              "turn": samples[i].turn} for i in chosen]
 
 
-def sampling_logprobs(student_dir: str, samples: list, temperature: float) -> None:
-    """Set each sample's log pi_old to the student's own log-prob at ``temperature`` (float32)."""
+def response_logprobs(model_dir: str, samples: list, temperature: float) -> list[list[float]]:
+    """Each sample's response tokens' log-probs under the model in ``model_dir`` at ``temperature`` (float32,
+    through the LM head's fused gather, one sample per forward)."""
     from transformers import AutoModelForCausalLM
 
     from actfirst.kernels.dispatch import logprob_gather
     from actfirst.train.head import LMHeadModel
     from actfirst.train.packing import pack
 
-    head = LMHeadModel(AutoModelForCausalLM.from_pretrained(student_dir, dtype=torch.float32).eval())
+    head = LMHeadModel(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval())
+    out: list[list[float]] = [[] for _ in samples]
     with torch.no_grad():
         for mb in pack(samples, 1, head.layout):
             logp, _ = head(mb, lambda hidden, weight, mb=mb: logprob_gather(hidden, weight, mb.targets, temperature))
-            samples[mb.samples[0]].logprobs = logp.tolist()
+            out[mb.samples[0]] = logp.tolist()
+    return out
+
+
+def sampling_logprobs(student_dir: str, samples: list, temperature: float) -> None:
+    """Set each sample's log pi_old to the student's own log-prob at ``temperature`` (float32)."""
+    for sample, logprobs in zip(samples, response_logprobs(student_dir, samples, temperature), strict=True):
+        sample.logprobs = logprobs
 
 
 def load_samples(args: argparse.Namespace, cfg, student_dir: str) -> list:

@@ -152,15 +152,16 @@ def _evaluation_only(config: Any) -> tuple[str, ...]:
 
 
 TURN_LIMIT = "max_turns"
-"""A benchmark config's turn limit. The limit only cuts an episode short (``Transition.truncated``), so a reference
-that the limit never cut and that fits in another limit has the same transitions under it: a cache serves a run under
-another limit when each of its references does (the demo's 12-turn cache under the papers' 30, 000 Sec. 5.1)."""
+"""The key of a benchmark config's turn limit (``Benchmark.max_turns``). The limit only marks a step
+``Transition.truncated``, so a reference it never marked that fits in another limit has the same transitions under
+it: a cache serves a run under another limit when each of its references does (the demo's 12-turn cache under the
+papers' 30, 000 Sec. 5.1)."""
 
 
 def _check_turn_limit(refs: dict[str, Reference], meta: dict[str, Any], benchmark: Benchmark, what: str) -> None:
     """Under a turn limit other than the cache's, every reference must fit in the run's, uncut by the cache's."""
-    limit, built = getattr(benchmark.config, TURN_LIMIT, None), meta.get("config", {}).get(TURN_LIMIT)
-    if limit is None or built == limit:
+    limit, built = benchmark.max_turns, meta.get("config", {}).get(TURN_LIMIT)
+    if built == limit:
         return
     for ref in refs.values():
         if len(ref.actions) > limit or any(t.truncated for t in ref.transitions):
