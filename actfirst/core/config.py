@@ -293,6 +293,10 @@ class SFTConfig:
     """The prompt modes (B.1) trained on."""
     tasks: int = 0
     """Train only on the references of the first N training tasks (0: all)."""
+    stray_token_rate: float = 0.0
+    """The probability that a token of a full response's thought is replaced by a stray one, unsupervised
+    (``actfirst.train.sft.with_stray_tokens``), so that the model learns to resume the thought after a token a
+    sampling student wrote, as a large model would (0: none; measured on the rollout-bound demo in bench/RESULTS.md)."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -303,6 +307,7 @@ class SFTConfig:
         check(bool(self.modes) and len(set(self.modes)) == len(self.modes), "modes", self.modes,
                f"need distinct modes among {list(SFT_MODES)}")
         check(self.tasks >= 0, "tasks", self.tasks, "must be >= 0")
+        check(0.0 <= self.stray_token_rate < 1.0, "stray_token_rate", self.stray_token_rate, "must be in [0, 1)")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

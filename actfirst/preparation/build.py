@@ -344,7 +344,8 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
         keep = list(dict.fromkeys(s.task for s in steps))[: sft_cfg.tasks]
         steps = [s for s in steps if s.task in keep]
     data = examples(tokenizer, benchmark, steps, modes=[Mode(m) for m in sft_cfg.modes],
-                    max_prompt_tokens=cfg.rollout.max_prompt_tokens, thought=THOUGHTS[thoughts])
+                    max_prompt_tokens=cfg.rollout.max_prompt_tokens, thought=THOUGHTS[thoughts],
+                    stray_token_rate=sft_cfg.stray_token_rate, seed=sft_cfg.seed)
     params = sum(p.numel() for p in model.parameters())
     logger.info(f"[prepare] {what}: {params / 1e6:.2f}M parameters, SFT on {len(data)} examples "
                 f"({', '.join(sft_cfg.modes)}), {sft_cfg.epochs} epochs")

@@ -201,9 +201,17 @@ def _render(benchmark: Benchmark, mode: Mode, step: ExpertStep) -> str:
 
 
 def examples(tokenizer, benchmark: Benchmark, steps: Sequence[ExpertStep], *, modes: Sequence[Mode],
-             max_prompt_tokens: int, thought: Thought = short_thought) -> list[Sample]:
+             max_prompt_tokens: int, thought: Thought = short_thought, stray_token_rate: float = 0.0,
+             seed: int = 0) -> list[Sample]:
     """One supervised sample per step and mode: the prompt the rollouts would send (B.1, B.2) and the target
-    response followed by the end-of-turn token, every response token supervised."""
+    response followed by the end-of-turn token, every response token supervised.
+
+    ``stray_token_rate`` > 0: each token of a full response's thought is, with that probability, replaced by a stray
+    token (:func:`with_stray_tokens`, drawn with ``seed``), whose own target is not supervised: the model learns to
+    resume the thought after a token it would not have written."""
+    if not 0.0 <= stray_token_rate < 1.0:
+        raise ValueError(f"stray_token_rate={stray_token_rate!r}: must be in [0, 1)")
+    rng = random.Random(seed)
     out = []
     eos = tokenizer.eos_token_id
     for step in steps:
@@ -213,10 +221,47 @@ def examples(tokenizer, benchmark: Benchmark, steps: Sequence[ExpertStep], *, mo
                                   history=list(step.history), current=step.current, budget_tokens=max_prompt_tokens,
                                   reference_next_observation=ref)
             target = tokenizer.encode(response_text(benchmark, mode, step, thought), add_special_tokens=False) + [eos]
-            out.append(Sample(context_ids=prompt.token_ids, response_ids=target, loss_mask=[1] * len(target),
+            mask = [1] * len(target)
+            if stray_token_rate > 0 and mode is Mode.FULL_RESPONSE:
+                thought_span = _thought_span(tokenizer, benchmark, step, thought)
+                target, mask = with_stray_tokens(target, thought_span, stray_token_rate, _stray_vocabulary(tokenizer),
+                                                 rng)
+            out.append(Sample(context_ids=prompt.token_ids, response_ids=target, loss_mask=mask,
                               logprobs=[0.0] * len(target), weight_version=0, task=step.task,
                               turn=len(step.history), strategy=f"sft:{mode.value}"))
     return out
+
+
+def _thought_span(tokenizer, benchmark: Benchmark, step: ExpertStep, thought: Thought) -> range:
+    """Token positions of a full response's target that lie inside its thought: after ``<think>`` and its newline,
+    before the last token of the text up to the thought's end (which may merge with what follows)."""
+    opening = len(tokenizer.encode(f"{THINK_OPEN}\n", add_special_tokens=False))
+    through = len(tokenizer.encode(f"{THINK_OPEN}\n{thought(benchmark, step)}", add_special_tokens=False))
+    return range(opening, through - 1)
+
+
+def _stray_vocabulary(tokenizer) -> list[int]:
+    """The ids a stray token is drawn from: the whole vocabulary but the special tokens."""
+    special = set(tokenizer.all_special_ids)
+    return [i for i in range(len(tokenizer)) if i not in special]
+
+
+def with_stray_tokens(target: list[int], span: range, rate: float, vocabulary: Sequence[int],
+                      rng: random.Random) -> tuple[list[int], list[int]]:
+    """``target`` with each position in ``span`` replaced, with probability ``rate``, by another token drawn
+    uniformly from ``vocabulary``, and its loss mask (0 at the stray tokens, 1 elsewhere). A student's sampled full
+    responses hold such tokens (bench/opd_gap_sources.py: most deviate from the reference thought at a token the
+    student gave a log-prob near -10); a teacher that resumes after them is meant to score the rest of the thought
+    as the thought, so that the advantage of Eq. 29 sits on the stray token rather than on all that follows it (on
+    the rollout-bound demo it shrinks the gap after the token by a quarter: bench/RESULTS.md)."""
+    target, mask = list(target), [1] * len(target)
+    for pos in span:
+        if rng.random() < rate:
+            stray = rng.choice(vocabulary)
+            while stray == target[pos]:
+                stray = rng.choice(vocabulary)
+            target[pos], mask[pos] = stray, 0
+    return target, mask
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -231,7 +276,8 @@ class SFTResult:
 def sft(model: torch.nn.Module, samples: Sequence[Sample], *, epochs: float, lr: float, batch_tokens: int,
         micro_batch_tokens: int = 2048, seed: int = 0, weight_decay: float = 0.0,
         log: Callable[[str], None] | None = print) -> SFTResult:
-    """Cross-entropy on the response tokens of ``samples`` (AdamW, cosine decay to 10%, gradient clip 1.0).
+    """Cross-entropy on the response tokens of ``samples`` that their loss mask keeps (AdamW, cosine decay to 10%,
+    gradient clip 1.0).
 
     Each optimizer step takes about ``batch_tokens`` tokens of whole samples (a shuffled slice of the data), laid
     out as the model's attention calls for (``packing.layout_for``) in micro-batches of at most ``micro_batch_tokens``
@@ -260,12 +306,12 @@ def sft(model: torch.nn.Module, samples: Sequence[Sample], *, epochs: float, lr:
                 break
             batch = [samples[j] for j in order[i:i + per_step]]
             optimizer.zero_grad(set_to_none=True)
-            n_targets = sum(len(s.response_ids) for s in batch)
+            n_targets = max(1, sum(sum(s.loss_mask) for s in batch))
             loss_sum = 0.0
             for mb in pack(batch, micro_batch_tokens, layout_for(model.config._attn_implementation)):
                 hidden = final_hidden(model, mb)
                 logits = model.lm_head(hidden).float()
-                loss = F.cross_entropy(logits, mb.targets, reduction="sum") / n_targets
+                loss = (F.cross_entropy(logits, mb.targets, reduction="none") * mb.mask).sum() / n_targets
                 loss.backward()
                 loss_sum += float(loss.detach())
                 tokens += mb.num_tokens

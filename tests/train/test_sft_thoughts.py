@@ -128,3 +128,64 @@ def test_long_examples_are_longer_and_supervise_every_response_token():
     assert first_full_response("decided").startswith(f"<think>\n{short_thought(benchmark, steps[0])}\nThe task says:")
     assert first_full_response("surveyed").endswith(f"{short_thought(benchmark, steps[0])}\n</think>\n\n"
                                                     "<action>go to outside</action><|im_end|>")
+
+
+@pytest.mark.parametrize("name", ["short", "enumerated"])
+def test_stray_tokens_sit_inside_the_thought_and_are_not_supervised(name):
+    """``stray_token_rate``: only full responses change, only inside their thought (``<think>``, ``</think>`` and the
+    action are the clean example's), each changed token is another one and carries mask 0, every other token mask 1;
+    the rate is met over many draws, and rate 0 leaves the examples as they were."""
+    tokenizer = build_qwen3_tokenizer()
+    benchmark = get_benchmark("scienceworld")
+    steps = [step(SCIENCEWORLD, "go to outside"), step(SCIENCEWORLD, "focus on bee hive",
+                                                       (Step("You move to the outside.", "go to outside"),))] * 20
+    kwargs = dict(modes=[Mode.FULL_RESPONSE, Mode.NEXT_ACTION, Mode.INVERSE_DYNAMICS], max_prompt_tokens=2048,
+                  thought=THOUGHTS[name])
+    clean = examples(tokenizer, benchmark, steps, **kwargs)
+    stray = examples(tokenizer, benchmark, steps, stray_token_rate=0.05, seed=3, **kwargs)
+    assert examples(tokenizer, benchmark, steps, stray_token_rate=0.0, seed=3, **kwargs) == clean
+    changed, thought_tokens = 0, 0
+    special = set(tokenizer.all_special_ids)
+    for a, b in zip(clean, stray, strict=True):
+        assert a.context_ids == b.context_ids and len(a.response_ids) == len(b.response_ids)
+        diff = [i for i, (x, y) in enumerate(zip(a.response_ids, b.response_ids, strict=True)) if x != y]
+        assert b.loss_mask == [0 if i in diff else 1 for i in range(len(b.response_ids))]
+        if a.strategy != "sft:full_response":
+            assert not diff
+            continue
+        text = tokenizer.decode(a.response_ids)
+        head = len(tokenizer.encode("<think>\n", add_special_tokens=False))
+        tail = len(tokenizer.encode(text[text.index("\n</think>"):], add_special_tokens=False))
+        assert all(head <= i < len(a.response_ids) - tail for i in diff)  # inside the thought
+        assert not special & {b.response_ids[i] for i in diff}
+        changed += len(diff)
+        thought_tokens += len(a.response_ids) - head - tail
+    assert 0.03 < changed / thought_tokens < 0.07, (changed, thought_tokens)
+    with pytest.raises(ValueError, match=r"stray_token_rate=1\.0: must be in \[0, 1\)"):
+        examples(tokenizer, benchmark, steps, stray_token_rate=1.0, **kwargs)
+
+
+def test_sft_learns_nothing_from_a_masked_target(tiny_model_dir):
+    """A target whose loss mask is 0 moves no weight: two SFT runs on data that differ only at a masked last target
+    (no later token reads it) end with the same weights; unmasked, the same difference moves them."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from actfirst.rollout.sample import Sample
+    from actfirst.train.sft import sft
+
+    def sample(response, mask):
+        return Sample(context_ids=[5, 6, 7, 8], response_ids=response, loss_mask=mask, logprobs=[0.0] * len(response),
+                      weight_version=0, task="t", turn=0, strategy="sft:full_response")
+
+    def trained(data):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        sft(model, data, epochs=2, lr=1e-2, batch_tokens=64, micro_batch_tokens=32, log=None)
+        return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    base = trained([sample([9, 10, 11, 12], [1, 1, 1, 0]), sample([13, 14, 15], [1, 1, 1])])
+    masked = trained([sample([9, 10, 11, 40], [1, 1, 1, 0]), sample([13, 14, 15], [1, 1, 1])])
+    unmasked = trained([sample([9, 10, 11, 40], [1, 1, 1, 1]), sample([13, 14, 15], [1, 1, 1])])
+    assert torch.equal(base, masked)
+    assert not torch.allclose(base, unmasked)
