@@ -212,6 +212,7 @@ def examples(tokenizer, benchmark: Benchmark, steps: Sequence[ExpertStep], *, mo
     if not 0.0 <= stray_token_rate < 1.0:
         raise ValueError(f"stray_token_rate={stray_token_rate!r}: must be in [0, 1)")
     rng = random.Random(seed)
+    vocabulary = _stray_vocabulary(tokenizer) if stray_token_rate > 0 else []
     out = []
     eos = tokenizer.eos_token_id
     for step in steps:
@@ -224,8 +225,7 @@ def examples(tokenizer, benchmark: Benchmark, steps: Sequence[ExpertStep], *, mo
             mask = [1] * len(target)
             if stray_token_rate > 0 and mode is Mode.FULL_RESPONSE:
                 thought_span = _thought_span(tokenizer, benchmark, step, thought)
-                target, mask = with_stray_tokens(target, thought_span, stray_token_rate, _stray_vocabulary(tokenizer),
-                                                 rng)
+                target, mask = with_stray_tokens(target, thought_span, stray_token_rate, vocabulary, rng)
             out.append(Sample(context_ids=prompt.token_ids, response_ids=target, loss_mask=mask,
                               logprobs=[0.0] * len(target), weight_version=0, task=step.task,
                               turn=len(step.history), strategy=f"sft:{mode.value}"))
