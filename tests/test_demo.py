@@ -41,6 +41,9 @@ def demo_run(tmp_path_factory):
         "num_updates=2", "batch_samples=2", "num_minibatches=1", "probe_contexts=2", "checkpoint_every=1",
         "prepare.build_models.tokenizer_vocab_size=400", "rollout.max_prompt_tokens=2048", "micro_batch_tokens=4096",
         "prepare.build_models.teacher_sft.epochs=0.2", "prepare.build_models.student_sft.epochs=0.2",
+        "prepare.build_models.teacher_sft.invalid_turns.variants=1",  # the teacher's second stage
+        "prepare.build_models.teacher_sft.invalid_turns.max_turns=3",
+        "prepare.build_models.teacher_sft.invalid_turns.epochs=0.2",
     ]
     for role in ("teacher", "student"):
         overrides += [f"prepare.build_models.{role}.{k}={v}" for k, v in SMALL_MODEL.items()]
@@ -59,6 +62,9 @@ def test_demo_prepares_trains_evaluates(demo_run):
         assert sft["sft"]["modes"] == ["full_response", "next_action", "inverse_dynamics"]
         assert sft["examples"] == 3 * sft["steps"] > 0  # one example per step and mode
     assert student_sft["steps"] == teacher_sft["steps"]  # 4 training tasks: fewer than the warm start's 12
+    second = teacher_sft["invalid_turns"]  # the first stage's examples and a full response per step after them
+    assert second["steps"] > 0 and second["examples"] == teacher_sft["examples"] + second["steps"]
+    assert len(second["epoch_losses"]) == 1 and "invalid_turns" not in student_sft
     teacher_eval = json.loads((root / "teacher" / "actfirst_eval.json").read_text())
     assert teacher_eval["summary"]["overall"]["episodes"] == 2  # 2 held-out variations x 1 type x 1 seed
     # the student and the teacher share the teacher's tokenizer (the scorer refuses anything else)

@@ -279,6 +279,27 @@ ThoughtStyle = Literal["short", "restated", "decided", "surveyed", "enumerated"]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
+class InvalidTurnsSFTConfig:
+    """A second SFT stage, after the first (``actfirst.train.invalid_turns``): the reference steps again in the
+    section's modes, and each reference replayed ``variants`` times with 1 to ``max_turns`` invalid turns inserted
+    before one of its steps, the steps after them as full responses (what a teacher scores), so that the model keeps
+    its thought on the histories of a failing rollout (measured on the rollout-bound demo in bench/RESULTS.md)."""
+
+    variants: int = 3
+    max_turns: int = 24
+    epochs: float = 2.0
+    lr: float = 5.0e-4
+    seed: int = 0
+    """The draw of the invalid turns (with the task and the variant; the examples' order follows the section's seed)."""
+
+    def __post_init__(self) -> None:
+        check(self.variants >= 1, "variants", self.variants, "must be >= 1")
+        check(self.max_turns >= 1, "max_turns", self.max_turns, "must be >= 1")
+        check(self.epochs > 0, "epochs", self.epochs, "must be > 0")
+        check(self.lr > 0, "lr", self.lr, "must be > 0")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
 class SFTConfig:
     """Supervised fine-tuning on the reference steps (``actfirst.train.sft``)."""
 
@@ -297,6 +318,8 @@ class SFTConfig:
     """The probability that a token of a full response's thought is replaced by a stray one, unsupervised
     (``actfirst.train.sft.with_stray_tokens``), so that the model learns to resume the thought after a token a
     sampling student wrote, as a large model would (0: none; measured on the rollout-bound demo in bench/RESULTS.md)."""
+    invalid_turns: InvalidTurnsSFTConfig | None = None
+    """A second stage on the histories of failing rollouts (null: none)."""
     seed: int = 0
 
     def __post_init__(self) -> None:

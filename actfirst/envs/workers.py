@@ -190,15 +190,21 @@ class EnvWorker:
         """Start the process (if not started) and wait until its environment is built (at most
         :data:`_START_TIMEOUT_S`). One that cannot start leaves nothing running and raises ``EnvStartError`` (the
         environment's own, or one naming how the worker failed), or ``EnvError`` for any other exception of the
-        environment's start."""
+        environment's start; a process that cannot be started (a spec that cannot be pickled) raises its own error."""
         with self._lock:
             if self._proc is not None:
                 return
             ctx = mp.get_context("spawn")
             parent, child = ctx.Pipe()
-            self._proc = ctx.Process(target=_worker_main, args=(child, self.spec, self.cores), daemon=True,
-                                     name=f"env-{self.spec.benchmark}")
-            self._proc.start()
+            proc = ctx.Process(target=_worker_main, args=(child, self.spec, self.cores), daemon=True,
+                               name=f"env-{self.spec.benchmark}")
+            try:
+                proc.start()  # a spec that cannot be pickled raises here, before any process runs
+            except BaseException:
+                parent.close()
+                child.close()
+                raise
+            self._proc = proc
             child.close()
             self._conn = parent
             _LIVE.add(self)

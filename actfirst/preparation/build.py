@@ -351,13 +351,42 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
                 f"({', '.join(sft_cfg.modes)}), {sft_cfg.epochs} epochs")
     result = sft(model, data, epochs=sft_cfg.epochs, lr=sft_cfg.lr, batch_tokens=sft_cfg.batch_tokens,
                  micro_batch_tokens=sft_cfg.micro_batch_tokens, seed=sft_cfg.seed)
-    model.save_pretrained(tmp, safe_serialization=True)
     record = {"parameters": params, "examples": len(data), "steps": len(steps), "sft": dataclasses.asdict(sft_cfg),
               "thoughts": thoughts,
               "epoch_losses": result.epoch_losses, "wall_s": result.wall_s, "tokens_per_s": result.tokens_per_s}
+    if sft_cfg.invalid_turns is not None:
+        record["invalid_turns"] = _invalid_turns_stage(cfg, sft_cfg, model, tokenizer, benchmark, steps, data, what)
+    model.save_pretrained(tmp, safe_serialization=True)
     (tmp / SFT_RECORD).write_text(json.dumps(record, indent=1))
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
+
+
+def _invalid_turns_stage(cfg: TrainConfig, sft_cfg: SFTConfig, model, tokenizer, benchmark: Benchmark, steps, data,
+                         what: str) -> dict[str, Any]:
+    """``sft_cfg.invalid_turns``'s second stage on ``model``: the first stage's examples (``data``) and full responses
+    at the steps of ``steps``' references replayed with invalid turns (``actfirst.train.invalid_turns``); its record."""
+    from actfirst.envs.workers import EnvPool
+    from actfirst.rollout.prompts import Mode
+    from actfirst.train.invalid_turns import invalid_turn_steps
+    from actfirst.train.sft import THOUGHTS, examples, sft
+
+    stage = sft_cfg.invalid_turns
+    references = load_references(cfg.references)
+    keys = set(s.task for s in steps)
+    tasks = [t for t in cfg.training_tasks(benchmark) if benchmark.task_key(t) in keys]
+    with EnvPool(benchmark.env_spec(), size=min(len(tasks), os.cpu_count() or 2)) as pool:
+        invalid = asyncio.run(invalid_turn_steps(benchmark, pool, tasks, references, variants=stage.variants,
+                                                 max_turns=stage.max_turns, seed=stage.seed))
+    thought = THOUGHTS[cfg.prepare.build_models.thoughts]
+    extra = examples(tokenizer, benchmark, invalid, modes=[Mode.FULL_RESPONSE],
+                     max_prompt_tokens=cfg.rollout.max_prompt_tokens, thought=thought)
+    logger.info(f"[prepare] {what}: second stage on {len(invalid)} steps after invalid turns ({len(tasks)} references "
+                f"x {stage.variants}) and the first stage's {len(data)} examples, {stage.epochs} epochs")
+    result = sft(model, data + extra, epochs=stage.epochs, lr=stage.lr, batch_tokens=sft_cfg.batch_tokens,
+                 micro_batch_tokens=sft_cfg.micro_batch_tokens, seed=sft_cfg.seed)
+    return {"steps": len(invalid), "examples": len(data) + len(extra), "epoch_losses": result.epoch_losses,
+            "wall_s": result.wall_s, "tokens_per_s": result.tokens_per_s}
 
 
 def _build_teacher(cfg: TrainConfig, build: BuildModelsConfig, benchmark: Benchmark, steps) -> None:

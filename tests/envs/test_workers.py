@@ -22,6 +22,7 @@ from fault_injection_env import fault_injection_spec
 
 from actfirst.envs.alfworld.config import ALFWorldConfig
 from actfirst.envs.benchmarks import get_benchmark
+from actfirst.envs.scienceworld.config import ScienceWorldConfig
 from actfirst.envs.scienceworld.tasks import ScienceWorldTask
 from actfirst.envs.workers import EnvError, EnvPool, EnvWorker, WorkerDied
 
@@ -100,6 +101,26 @@ def test_the_configured_environment_is_built_in_the_worker(alfworld_games):
     finally:
         for w in workers.values():
             w.close()
+
+
+class _UnpicklableConfigFaultInjection(ScienceWorldConfig):
+    """A config that cannot be pickled: the worker's process cannot be started (fault injection)."""
+
+    def __reduce__(self):
+        raise TypeError("this config cannot be pickled (fault injection)")
+
+
+def test_a_process_that_cannot_start_raises_its_own_error():
+    config = SCIENCEWORLD.config
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
+    unpicklable = _UnpicklableConfigFaultInjection(**fields)
+    spec = dataclasses.replace(SCIENCEWORLD.env_spec(), config=unpicklable)
+    pool = EnvPool(spec, size=1)
+    with pytest.raises(TypeError, match="cannot be pickled"):  # not the close's AttributeError on a pipe never opened
+        pool.start()
+    (worker,) = pool.workers
+    assert worker.pid is None
+    pool.close()  # closing again is harmless
 
 
 def test_dead_worker_fails_the_episode_with_a_reason_and_is_restarted(worker):
@@ -375,7 +396,8 @@ def test_close_cuts_a_restart_short_fault_injection():
 SCRIPT = textwrap.dedent("""
     import signal, time
     from actfirst.envs.benchmarks import get_benchmark
-    from actfirst.envs.scienceworld.tasks import ScienceWorldTask
+    from actfirst.envs.scienceworld.config import ScienceWorldConfig
+from actfirst.envs.scienceworld.tasks import ScienceWorldTask
     from actfirst.envs.workers import EnvPool
 
     if __name__ == "__main__":
