@@ -396,8 +396,7 @@ def test_close_cuts_a_restart_short_fault_injection():
 SCRIPT = textwrap.dedent("""
     import signal, time
     from actfirst.envs.benchmarks import get_benchmark
-    from actfirst.envs.scienceworld.config import ScienceWorldConfig
-from actfirst.envs.scienceworld.tasks import ScienceWorldTask
+    from actfirst.envs.scienceworld.tasks import ScienceWorldTask
     from actfirst.envs.workers import EnvPool
 
     if __name__ == "__main__":
