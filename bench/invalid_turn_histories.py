@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import random
 import statistics
 from pathlib import Path
@@ -31,7 +32,7 @@ from packing_cpu import add_model_args, load_cfg, response_logprobs
 from actfirst.core.files import write_atomically
 from actfirst.core.user_input import check_writable_file, positive_int
 
-HELD = -0.6931471805599453
+HELD = -math.log(2)
 """log(1/2): a token above it is the one greedy decoding writes."""
 
 

@@ -40,9 +40,9 @@ from actfirst.core.user_input import ConfigError, read_jsonl
 from actfirst.envs.base import Transition
 from actfirst.envs.benchmarks import Benchmark
 from actfirst.preparation.reference_cache import load_references, replay
-from actfirst.rollout.prompts import Mode, Step
+from actfirst.rollout.prompts import Mode
 from actfirst.rollout.sample import Sample
-from actfirst.train.sft import THOUGHTS, ExpertStep, examples
+from actfirst.train.sft import THOUGHTS, ExpertStep, examples, replayed_steps
 
 logger = logging.getLogger(__name__)
 
@@ -146,12 +146,7 @@ async def replay_trajectories(benchmark: Benchmark, pool: Any, tasks: Sequence[A
 
 
 def _steps(t: Trajectory, transitions: list[Transition]) -> tuple[ExpertStep, ...]:
-    history: list[Step] = []
-    steps = []
-    for i, action in enumerate(t.actions):
-        steps.append(ExpertStep(t.task, tuple(history), transitions[i], action, transitions[i + 1].observation))
-        history.append(Step(transitions[i].observation, action))
-    return tuple(steps)
+    return tuple(replayed_steps(t.task, t.actions, transitions))
 
 
 def trajectory_examples(tokenizer: Any, benchmark: Benchmark, kept: Sequence[Replayed], *, modes: Sequence[Mode],

@@ -21,8 +21,7 @@ from typing import Any
 
 from actfirst.envs.base import Reference, Transition
 from actfirst.envs.benchmarks import Benchmark
-from actfirst.rollout.prompts import Step
-from actfirst.train.sft import ExpertStep, goal
+from actfirst.train.sft import ExpertStep, goal, replayed_steps
 
 DRAWS = 16
 """How many candidates :func:`invalid_action` draws before it gives up on a context."""
@@ -98,10 +97,4 @@ async def _variant(benchmark: Benchmark, worker: Any, task: Any, reference: Refe
         transitions.append(await worker.astep(action))
     if not benchmark.accepts_reference(transitions[-1]):
         return []
-    history, steps = [], []
-    for t, action in enumerate(actions):
-        if t >= at + count:
-            steps.append(ExpertStep(reference.task, tuple(history), transitions[t], action,
-                                    transitions[t + 1].observation))
-        history.append(Step(transitions[t].observation, action))
-    return steps
+    return replayed_steps(reference.task, actions, transitions, start=at + count)

@@ -153,6 +153,14 @@ def response_text(benchmark: Benchmark, mode: Mode, step: ExpertStep, thought: T
     return action
 
 
+def replayed_steps(task: str, actions: Sequence[str], transitions: Sequence[Transition], start: int = 0
+                   ) -> list[ExpertStep]:
+    """The steps from ``start`` on of a replay (``transitions``: o_1..o_{T+1} of ``actions``), each with its history."""
+    history = [Step(transitions[t].observation, action) for t, action in enumerate(actions)]
+    return [ExpertStep(task, tuple(history[:t]), transitions[t], actions[t], transitions[t + 1].observation)
+            for t in range(start, len(actions))]
+
+
 async def expert_steps(benchmark: Benchmark, pool: Any, tasks: Sequence[Any], references: dict[str, Reference]
                        ) -> list[ExpertStep]:
     """Replay each task's reference (full transitions, as the rollouts see them) and return its steps."""
@@ -163,12 +171,7 @@ async def expert_steps(benchmark: Benchmark, pool: Any, tasks: Sequence[Any], re
         executed, transitions = await replay(worker, task, ref.actions)
         if executed != ref.actions or not benchmark.accepts_reference(transitions[-1]):
             raise RuntimeError(f"task {ref.task!r}: its reference no longer replays to success")
-        history: list[Step] = []
-        steps = []
-        for t, action in enumerate(executed):
-            steps.append(ExpertStep(ref.task, tuple(history), transitions[t], action, transitions[t + 1].observation))
-            history.append(Step(transitions[t].observation, action))
-        return steps
+        return replayed_steps(ref.task, executed, transitions)
 
     queue = list(tasks)
     out: dict[int, list[ExpertStep]] = {}
