@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from actfirst.core.config import ConfigError, SchedulerConfig, TrainConfig, check_resumable
+from actfirst.core.config import ConfigError, EvaluationConfig, SchedulerConfig, TrainConfig, check_resumable
 from actfirst.core.schema import config_json, load_config, paths_unchecked
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
@@ -98,6 +98,21 @@ def test_a_run_resumes_only_under_its_own_config():
                                          "-> 0.0001; rollout.strategy: 'actfirst' -> 'vanilla' (only ['out_dir', ")
     assert str(refused.value).endswith("may change); use another out_dir for a new run")
     check_resumable(saved, dataclasses.asdict(other), "x", may_change=("optim", "rollout", "num_updates", "out_dir"))
+
+
+def test_a_key_of_a_section_set_to_null_turns_it_on(tmp_path):
+    """A comparison's run saves ``evaluation: null`` (no evaluation during training); evaluating it at other seeds
+    (``python -m actfirst.eval --config <run>/config.json --seeds 43 44``) sets a key of that section, which then
+    holds its defaults but for that key. A key under a value that is not a section is still refused."""
+    with paths_unchecked():
+        path = tmp_path / "config.json"
+        path.write_text(config_json(load_config(TrainConfig, CONFIGS / "demo" / "scienceworld_lifespan.yaml",
+                                                ["evaluation=null"])))
+        assert load_config(TrainConfig, path).evaluation is None
+        cfg = load_config(TrainConfig, path, ["evaluation.seeds=[43, 44]"])
+        assert cfg.evaluation == dataclasses.replace(EvaluationConfig(), seeds=[43, 44])
+        with pytest.raises(ConfigError, match=r"^override 'num_updates\.x=1': num_updates is not a section"):
+            load_config(TrainConfig, path, ["num_updates.x=1"])
 
 
 def test_the_env_section_is_the_named_benchmarks_config():

@@ -181,7 +181,9 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
-            node = node.setdefault(part, {})
+            if node.get(part) is None:  # absent, or a section set to null (off): the key turns it on, defaults else
+                node[part] = {}
+            node = node[part]
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {part} is not a section")
         node[parts[-1]] = parse_yaml(raw, f"override {item!r}")

@@ -37,8 +37,8 @@ import threading
 import time
 import traceback
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import psutil
 
@@ -47,6 +47,9 @@ from actfirst.envs.base import EnvFactory
 from actfirst.envs.startup import EnvStartError
 
 __all__ = ["EnvError", "EnvPool", "EnvWorker", "WorkerDied"]
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 _START_TIMEOUT_S = 120.0
 """How long a worker may take to build its environment (ScienceWorld: start a JVM), and at least how long the
@@ -514,6 +517,20 @@ class EnvPool:
     def close(self) -> None:
         for worker in self.workers:
             worker.close()
+
+    async def map(self, play: Callable[[EnvWorker, T], Awaitable[R]], items: Sequence[T]) -> list[R]:
+        """``play(worker, item)`` for every item, each worker taking the next item as it finishes one; the results
+        in the order of ``items``."""
+        queue = list(enumerate(items))
+        out: dict[int, R] = {}
+
+        async def slot(worker: EnvWorker) -> None:
+            while queue:
+                i, item = queue.pop(0)
+                out[i] = await play(worker, item)
+
+        await asyncio.gather(*(slot(w) for w in self.workers))
+        return [out[i] for i in range(len(items))]
 
     def __enter__(self) -> EnvPool:
         return self.start()

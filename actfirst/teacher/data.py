@@ -24,7 +24,6 @@ success (``Benchmark.succeeded``, C.1) by default, or a score of at least ``min_
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -113,36 +112,30 @@ async def replay_trajectories(benchmark: Benchmark, pool: Any, tasks: Sequence[A
     by_key = {benchmark.task_key(t): t for t in tasks}
     counts: dict[str, Counter] = {}
     jobs = []
-    for i, t in enumerate(trajectories):
+    for t in trajectories:
         counts.setdefault(t.source, Counter())["given"] += 1
         if t.task in by_key:
-            jobs.append(i)
+            jobs.append(t)
         else:
             counts[t.source]["unknown_task"] += 1
-    kept: dict[int, Replayed] = {}
     started, done, total = time.monotonic(), 0, len(jobs)
     every = max(1, total // 20)
 
-    async def slot(worker) -> None:
+    async def one(worker, t: Trajectory) -> Replayed | None:
         nonlocal done
-        while jobs:
-            i = jobs.pop(0)
-            t = trajectories[i]
-            executed, transitions = await replay(worker, by_key[t.task], t.actions)
-            if len(executed) < len(t.actions):
-                counts[t.source]["stopped_early"] += 1
-            elif not passes(benchmark, transitions[-1], min_score):
-                counts[t.source]["filtered"] += 1
-            else:
-                counts[t.source]["kept"] += 1
-                kept[i] = Replayed(t, _steps(t, transitions), transitions[-1])
-            done += 1
-            if progress and (done % every == 0 or done == total):
-                rate = done / max(1e-9, time.monotonic() - started)
-                logger.info(f"[make_teacher] replayed {done}/{total}, kept {len(kept)} | {rate:.1f}/s")
+        executed, transitions = await replay(worker, by_key[t.task], t.actions)
+        outcome = ("stopped_early" if len(executed) < len(t.actions)
+                   else "filtered" if not passes(benchmark, transitions[-1], min_score) else "kept")
+        counts[t.source][outcome] += 1
+        done += 1
+        if progress and (done % every == 0 or done == total):
+            rate = done / max(1e-9, time.monotonic() - started)
+            logger.info(f"[make_teacher] replayed {done}/{total}, kept {sum(c['kept'] for c in counts.values())} "
+                        f"| {rate:.1f}/s")
+        return Replayed(t, _steps(t, transitions), transitions[-1]) if outcome == "kept" else None
 
-    await asyncio.gather(*(slot(w) for w in pool.workers))
-    return [kept[i] for i in sorted(kept)], {s: dict(c) for s, c in counts.items()}
+    replayed = await pool.map(one, jobs)
+    return [r for r in replayed if r is not None], {s: dict(c) for s, c in counts.items()}
 
 
 def _steps(t: Trajectory, transitions: list[Transition]) -> tuple[ExpertStep, ...]:

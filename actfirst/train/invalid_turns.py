@@ -14,7 +14,6 @@ targets. ``bench/invalid_turn_histories.py`` measures how the built models read 
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -61,18 +60,14 @@ async def invalid_turn_steps(benchmark: Benchmark, pool: Any, tasks: Sequence[An
     (``seed``, task key, variant) alone, never from scheduling."""
     if variants < 1 or max_turns < 1:
         raise ValueError(f"variants={variants}, max_turns={max_turns}: must be >= 1")
-    jobs = [(i, v) for i in range(len(tasks)) for v in range(variants)]
-    out: dict[tuple[int, int], list[ExpertStep]] = {}
 
-    async def slot(worker) -> None:
-        while jobs:
-            i, v = jobs.pop(0)
-            key = benchmark.task_key(tasks[i])
-            rng = random.Random(f"{seed}:{key}:{v}")
-            out[i, v] = await _variant(benchmark, worker, tasks[i], references[key], rng, max_turns)
+    async def one(worker, job: tuple[Any, int]) -> list[ExpertStep]:
+        task, v = job
+        key = benchmark.task_key(task)
+        return await _variant(benchmark, worker, task, references[key], random.Random(f"{seed}:{key}:{v}"), max_turns)
 
-    await asyncio.gather(*(slot(w) for w in pool.workers))
-    return [s for job in sorted(out) for s in out[job]]
+    jobs = [(task, v) for task in tasks for v in range(variants)]
+    return [s for steps in await pool.map(one, jobs) for s in steps]
 
 
 async def _variant(benchmark: Benchmark, worker: Any, task: Any, reference: Reference, rng: random.Random,

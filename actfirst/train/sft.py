@@ -164,8 +164,6 @@ def replayed_steps(task: str, actions: Sequence[str], transitions: Sequence[Tran
 async def expert_steps(benchmark: Benchmark, pool: Any, tasks: Sequence[Any], references: dict[str, Reference]
                        ) -> list[ExpertStep]:
     """Replay each task's reference (full transitions, as the rollouts see them) and return its steps."""
-    import asyncio
-
     async def one(worker, task) -> list[ExpertStep]:
         ref = references[benchmark.task_key(task)]
         executed, transitions = await replay(worker, task, ref.actions)
@@ -173,17 +171,7 @@ async def expert_steps(benchmark: Benchmark, pool: Any, tasks: Sequence[Any], re
             raise RuntimeError(f"task {ref.task!r}: its reference no longer replays to success")
         return replayed_steps(ref.task, executed, transitions)
 
-    queue = list(tasks)
-    out: dict[int, list[ExpertStep]] = {}
-
-    async def slot(worker) -> None:
-        while queue:
-            index = len(tasks) - len(queue)
-            task = queue.pop(0)
-            out[index] = await one(worker, task)
-
-    await asyncio.gather(*(slot(w) for w in pool.workers))
-    return [s for i in sorted(out) for s in out[i]]
+    return [s for steps in await pool.map(one, tasks) for s in steps]
 
 
 def corpus(benchmark: Benchmark, steps: Sequence[ExpertStep], modes: Sequence[Mode] = ALL_MODES,

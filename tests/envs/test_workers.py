@@ -314,6 +314,25 @@ def test_async_calls_never_block_the_loop():
     assert wait_gone(pids) == []  # closing the pool leaves nothing behind
 
 
+def test_map_plays_every_item_on_whichever_worker_is_free_and_keeps_the_items_order():
+    """Items of unequal length (0 to 4 steps after the reset): a worker takes the next item as it finishes one, so
+    both workers play, and the results come back in the items' order."""
+    items = [(ScienceWorldTask("find-non-living-thing", v), steps) for v, steps in enumerate([4, 0, 3, 1, 0])]
+
+    async def play(worker, item):
+        task, steps = item
+        transition = await worker.areset(task)
+        for _ in range(steps):
+            transition = await worker.astep("look around")
+        return task, transition.turn, worker.pid
+
+    with EnvPool(SCIENCEWORLD.env_spec(), 2) as pool:
+        results = asyncio.run(pool.map(play, items))
+        pids = {w.pid for w in pool.workers}
+    assert [(task, turn) for task, turn, _ in results] == items
+    assert {pid for _, _, pid in results} == pids
+
+
 def test_a_restart_runs_off_the_event_loop_fault_injection():
     """Fault injection: a step that ends its worker process (``os._exit``), on an environment that takes 1.5 s to
     start. The step fails with WorkerDied once the worker has restarted, and meanwhile the loop keeps turning: a
