@@ -181,7 +181,7 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         node = data
         parts = key.strip().split(".")
         for part in parts[:-1]:
-            if node.get(part) is None:  # absent, or a section set to null (off): the key turns it on, defaults else
+            if node.get(part) is None:  # absent, or a section saved as null (off): a key turns it on, the rest default
                 node[part] = {}
             node = node[part]
             if not isinstance(node, dict):
