@@ -55,18 +55,7 @@ def alfworld_contexts(tokenizer, cfg: RolloutSpeedupConfig, *, workers: int = 8)
 
     async def first_turns() -> list[Any]:
         with EnvPool(benchmark.env_spec(), size=min(workers, len(tasks))) as pool:
-            queue: asyncio.Queue = asyncio.Queue()
-            for i, task in enumerate(tasks):
-                queue.put_nowait((i, task))
-            out: list[Any] = [None] * len(tasks)
-
-            async def work(worker) -> None:
-                while not queue.empty():
-                    i, task = queue.get_nowait()
-                    out[i] = await worker.areset(task)
-
-            await asyncio.gather(*(work(w) for w in pool.workers))
-            return out
+            return await pool.map(lambda worker, task: worker.areset(task), tasks)
 
     def render(first, mode: Mode) -> list[int]:
         return build_prompt(tokenizer, benchmark, mode, task_description=first.task_description, history=[],

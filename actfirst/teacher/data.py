@@ -132,14 +132,12 @@ async def replay_trajectories(benchmark: Benchmark, pool: Any, tasks: Sequence[A
             rate = done / max(1e-9, time.monotonic() - started)
             logger.info(f"[make_teacher] replayed {done}/{total}, kept {sum(c['kept'] for c in counts.values())} "
                         f"| {rate:.1f}/s")
-        return Replayed(t, _steps(t, transitions), transitions[-1]) if outcome == "kept" else None
+        if outcome != "kept":
+            return None
+        return Replayed(t, tuple(replayed_steps(t.task, t.actions, transitions)), transitions[-1])
 
     replayed = await pool.map(one, jobs)
     return [r for r in replayed if r is not None], {s: dict(c) for s, c in counts.items()}
-
-
-def _steps(t: Trajectory, transitions: list[Transition]) -> tuple[ExpertStep, ...]:
-    return tuple(replayed_steps(t.task, t.actions, transitions))
 
 
 def trajectory_examples(tokenizer: Any, benchmark: Benchmark, kept: Sequence[Replayed], *, modes: Sequence[Mode],
