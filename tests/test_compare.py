@@ -428,6 +428,7 @@ class SavedConfig:
     teacher: str = "T"
     num_updates: int = 4
     evaluation: dict | None = None
+    compare: dict | None = None
 
 
 def save_config(cfg: SavedConfig) -> None:
@@ -442,6 +443,16 @@ def test_resume_states(tmp_path):
     for cfg in (finished, short):
         save_config(cfg)
     assert [run_state(c) for c in (finished, short, missing)] == [FINISHED, STARTED, NEW]
+
+
+def test_a_finished_comparison_is_extended_by_more_updates_and_checkpoints(tmp_path):
+    """``--resume num_updates=20 compare.checkpoint_every=5`` on a comparison trained for 10 updates, checkpointed
+    every 10: each finished run is started again from its last checkpoint (a run ignores the compare section)."""
+    run = SavedConfig(str(tmp_path / "run"), num_updates=10, compare={"threshold": "auto", "checkpoint_every": 10})
+    write_run(Path(run.out_dir), wall=100.0, transitions=40, evals=[], updates=10)
+    save_config(run)
+    more = SavedConfig(run.out_dir, num_updates=20, compare={"threshold": "auto", "checkpoint_every": 5})
+    assert (run_state(run), run_state(more)) == (FINISHED, STARTED)
 
 
 def test_resume_refuses_a_run_of_another_config(tmp_path):

@@ -669,9 +669,11 @@ def check_paths(cfg: TrainConfig, *, references: bool = True) -> None:
 
 
 RESUMABLE_CHANGES = ("out_dir", "num_updates", "checkpoint_every", "keep_checkpoints", "keep_best", "probe_every",
-                     "evaluation", "prepare", "parallel", "vllm_console_level", "report_to", "tracker_project")
-"""Config sections a resumed run may change (``out_dir``: a run is where it is, moved or spelled otherwise); any
-other difference from the run's saved config is refused."""
+                     "evaluation", "prepare", "parallel", "vllm_console_level", "report_to", "tracker_project",
+                     "compare")
+"""Config sections a resumed run may change (``out_dir``: a run is where it is, moved or spelled otherwise;
+``compare``: a run ignores it, and a comparison's threshold is held by its ``threshold.json``); any other difference
+from the run's saved config is refused."""
 
 
 def check_resumable(saved: dict[str, Any], current: dict[str, Any], what: str, *,
