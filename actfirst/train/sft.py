@@ -163,12 +163,17 @@ def replayed_steps(task: str, actions: Sequence[str], transitions: Sequence[Tran
 
 async def expert_steps(benchmark: Benchmark, pool: Any, tasks: Sequence[Any], references: dict[str, Reference]
                        ) -> list[ExpertStep]:
-    """Replay each task's reference (full transitions, as the rollouts see them) and return its steps."""
+    """Replay each task's reference (full transitions, as the rollouts see them) and return its steps, each
+    observation the reference's recorded one: ScienceWorld lists some of a room's contents in another order on each
+    load, so the replay's own text, and every model trained on it, would differ from one preparation to the next."""
     async def one(worker, task) -> list[ExpertStep]:
         ref = references[benchmark.task_key(task)]
         executed, transitions = await replay(worker, task, ref.actions)
-        if executed != ref.actions or not benchmark.accepts_reference(transitions[-1]):
+        if (executed != ref.actions or len(transitions) != len(ref.transitions)
+                or not benchmark.accepts_reference(transitions[-1])):
             raise RuntimeError(f"task {ref.task!r}: its reference no longer replays to success")
+        transitions = [dataclasses.replace(live, observation=recorded.observation)
+                       for live, recorded in zip(transitions, ref.transitions, strict=True)]
         return replayed_steps(ref.task, executed, transitions)
 
     return [s for steps in await pool.map(one, tasks) for s in steps]
