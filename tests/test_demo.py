@@ -44,6 +44,7 @@ def demo_run(tmp_path_factory):
         "prepare.build_models.teacher_sft.invalid_turns.variants=1",  # the teacher's second stage
         "prepare.build_models.teacher_sft.invalid_turns.max_turns=3",
         "prepare.build_models.teacher_sft.invalid_turns.epochs=0.2",
+        "prepare.build_models.student_sft.inverse_dynamics_alternatives=1",  # the student's examples of other actions
     ]
     for role in ("teacher", "student"):
         overrides += [f"prepare.build_models.{role}.{k}={v}" for k, v in SMALL_MODEL.items()]
@@ -60,7 +61,10 @@ def test_demo_prepares_trains_evaluates(demo_run):
     student_sft = json.loads((root / "student" / "actfirst_sft.json").read_text())
     for sft in (teacher_sft, student_sft):
         assert sft["sft"]["modes"] == ["full_response", "next_action", "inverse_dynamics"]
-        assert sft["examples"] == 3 * sft["steps"] > 0  # one example per step and mode
+        # one example per step and mode, and the student's inverse-dynamics examples of other actions (one a step)
+        assert sft["examples"] == 3 * sft["steps"] + sft["inverse_dynamics_alternatives"] > 0
+    assert teacher_sft["inverse_dynamics_alternatives"] == 0
+    assert 0 < student_sft["inverse_dynamics_alternatives"] <= student_sft["steps"]
     assert student_sft["steps"] == teacher_sft["steps"]  # 4 training tasks: fewer than the warm start's 12
     second = teacher_sft["invalid_turns"]  # the first stage's examples and a full response per step after them
     assert second["steps"] > 0 and second["examples"] == teacher_sft["examples"] + second["steps"]

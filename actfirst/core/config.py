@@ -320,6 +320,10 @@ class SFTConfig:
     sampling student wrote, as a large model would (0: none; measured on the rollout-bound demo in bench/RESULTS.md)."""
     invalid_turns: InvalidTurnsSFTConfig | None = None
     """A second stage on the histories of failing rollouts (null: none)."""
+    inverse_dynamics_alternatives: int = 0
+    """Per reference step, up to this many inverse-dynamics examples more, each with another admissible action of the
+    step's command executed in the simulator, so that only the reference next observation gives the action
+    (``actfirst.train.inverse_dynamics``; 0: none). Needs ``inverse_dynamics`` among ``modes``."""
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -331,6 +335,11 @@ class SFTConfig:
                f"need distinct modes among {list(SFT_MODES)}")
         check(self.tasks >= 0, "tasks", self.tasks, "must be >= 0")
         check(0.0 <= self.stray_token_rate < 1.0, "stray_token_rate", self.stray_token_rate, "must be in [0, 1)")
+        check(self.inverse_dynamics_alternatives >= 0, "inverse_dynamics_alternatives",
+              self.inverse_dynamics_alternatives, "must be >= 0")
+        check(not self.inverse_dynamics_alternatives or "inverse_dynamics" in self.modes,
+              "inverse_dynamics_alternatives", self.inverse_dynamics_alternatives,
+              f"needs inverse_dynamics among modes (modes: {self.modes})")
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)

@@ -346,13 +346,16 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
     data = examples(tokenizer, benchmark, steps, modes=[Mode(m) for m in sft_cfg.modes],
                     max_prompt_tokens=cfg.rollout.max_prompt_tokens, thought=THOUGHTS[thoughts],
                     stray_token_rate=sft_cfg.stray_token_rate, seed=sft_cfg.seed)
+    alternatives = (_alternative_examples(cfg, sft_cfg, tokenizer, benchmark, steps, what)
+                    if sft_cfg.inverse_dynamics_alternatives else [])
+    data += alternatives
     params = sum(p.numel() for p in model.parameters())
     logger.info(f"[prepare] {what}: {params / 1e6:.2f}M parameters, SFT on {len(data)} examples "
                 f"({', '.join(sft_cfg.modes)}), {sft_cfg.epochs} epochs")
     result = sft(model, data, epochs=sft_cfg.epochs, lr=sft_cfg.lr, batch_tokens=sft_cfg.batch_tokens,
                  micro_batch_tokens=sft_cfg.micro_batch_tokens, seed=sft_cfg.seed)
     record = {"parameters": params, "examples": len(data), "steps": len(steps), "sft": dataclasses.asdict(sft_cfg),
-              "thoughts": thoughts,
+              "thoughts": thoughts, "inverse_dynamics_alternatives": len(alternatives),
               "epoch_losses": result.epoch_losses, "wall_s": result.wall_s, "tokens_per_s": result.tokens_per_s}
     if sft_cfg.invalid_turns is not None:
         record["invalid_turns"] = _invalid_turns_stage(cfg, sft_cfg, model, tokenizer, benchmark, steps, data, what)
@@ -360,6 +363,28 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
     (tmp / SFT_RECORD).write_text(json.dumps(record, indent=1))
     out.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, out)
+
+
+def _alternative_examples(cfg: TrainConfig, sft_cfg: SFTConfig, tokenizer, benchmark: Benchmark, steps, what: str
+                          ) -> list:
+    """Inverse-dynamics examples of ``sft_cfg.inverse_dynamics_alternatives`` other actions at each of ``steps``
+    (``actfirst.train.inverse_dynamics``), each executed in the simulator."""
+    from actfirst.envs.workers import EnvPool
+    from actfirst.rollout.prompts import Mode
+    from actfirst.train.inverse_dynamics import alternative_steps
+    from actfirst.train.sft import examples
+
+    references = load_references(cfg.references)
+    keys = set(s.task for s in steps)
+    tasks = [t for t in cfg.training_tasks(benchmark) if benchmark.task_key(t) in keys]
+    with EnvPool(benchmark.env_spec(), size=min(len(tasks), os.cpu_count() or 2)) as pool:
+        alternatives = asyncio.run(alternative_steps(benchmark, pool, tasks, references, steps,
+                                                     alternatives=sft_cfg.inverse_dynamics_alternatives,
+                                                     seed=sft_cfg.seed))
+    logger.info(f"[prepare] {what}: {len(alternatives)} inverse-dynamics examples of other actions at "
+                f"{len(steps)} reference steps")
+    return examples(tokenizer, benchmark, alternatives, modes=[Mode.INVERSE_DYNAMICS],
+                    max_prompt_tokens=cfg.rollout.max_prompt_tokens)
 
 
 def _invalid_turns_stage(cfg: TrainConfig, sft_cfg: SFTConfig, model, tokenizer, benchmark: Benchmark, steps, data,

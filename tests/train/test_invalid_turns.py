@@ -5,28 +5,18 @@ reaches the reference's success."""
 
 import asyncio
 import random
-from pathlib import Path
 
 import pytest
+from train_helpers import demo_references
 
-from actfirst.core.config import TrainConfig
-from actfirst.core.schema import load_config
-from actfirst.envs.benchmarks import get_benchmark
-from actfirst.envs.workers import EnvPool
-from actfirst.preparation.reference_cache import load_references, replay
+from actfirst.preparation.reference_cache import replay
 from actfirst.train.invalid_turns import invalid_action, invalid_turn_steps
-
-DEMO = Path(__file__).parents[2] / "configs" / "demo" / "scienceworld_lifespan.yaml"
 
 
 @pytest.fixture(scope="module")
 def demo():
-    cfg = load_config(TrainConfig, DEMO)
-    benchmark = get_benchmark(cfg.benchmark, cfg.env)
-    references = load_references(cfg.references, benchmark=benchmark)
-    tasks = [t for t in cfg.training_tasks(benchmark) if benchmark.task_key(t) in references][:3]
-    with EnvPool(benchmark.env_spec(), size=1) as pool:
-        yield benchmark, references, tasks, pool
+    with demo_references(3) as found:
+        yield found
 
 
 def steps_of(demo, seed, variants=2, max_turns=5):

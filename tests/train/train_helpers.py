@@ -1,5 +1,8 @@
 """Shared builders for the train tests."""
 
+import contextlib
+from pathlib import Path
+
 import torch
 
 from actfirst.rollout.sample import Sample
@@ -83,3 +86,24 @@ def _rank_entry(fn, rank: int, env: dict, args: tuple, results) -> None:
         results.put((rank, True, buffer.getvalue()))
     except BaseException:  # noqa: BLE001 - reported to the parent
         results.put((rank, False, traceback.format_exc()))
+
+
+DEMO = Path(__file__).parents[2] / "configs" / "demo" / "scienceworld_lifespan.yaml"
+
+
+@contextlib.contextmanager
+def demo_references(tasks: int):
+    """The demo config's benchmark, its shipped references, the first ``tasks`` training tasks that have one, and a
+    one-worker pool of the real simulator (closed on exit)."""
+    from actfirst.core.config import TrainConfig
+    from actfirst.core.schema import load_config
+    from actfirst.envs.benchmarks import get_benchmark
+    from actfirst.envs.workers import EnvPool
+    from actfirst.preparation.reference_cache import load_references
+
+    cfg = load_config(TrainConfig, DEMO)
+    benchmark = get_benchmark(cfg.benchmark, cfg.env)
+    references = load_references(cfg.references, benchmark=benchmark)
+    found = [t for t in cfg.training_tasks(benchmark) if benchmark.task_key(t) in references][:tasks]
+    with EnvPool(benchmark.env_spec(), size=1) as pool:
+        yield benchmark, references, found, pool
