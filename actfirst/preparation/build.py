@@ -365,22 +365,29 @@ def _sft_model(cfg: TrainConfig, model_cfg, sft_cfg: SFTConfig, tokenizer, bench
     os.replace(tmp, out)
 
 
-def _alternative_examples(cfg: TrainConfig, sft_cfg: SFTConfig, tokenizer, benchmark: Benchmark, steps, what: str
-                          ) -> list:
-    """Inverse-dynamics examples of ``sft_cfg.inverse_dynamics_alternatives`` other actions at each of ``steps``
-    (``actfirst.train.inverse_dynamics``), each executed in the simulator."""
+def _on_references(cfg: TrainConfig, benchmark: Benchmark, steps, play) -> list:
+    """``play(pool, tasks, references)`` (a coroutine) on a pool of the simulator, for the training tasks that
+    ``steps`` come from and the reference cache; its result."""
     from actfirst.envs.workers import EnvPool
-    from actfirst.rollout.prompts import Mode
-    from actfirst.train.inverse_dynamics import alternative_steps
-    from actfirst.train.sft import examples
 
     references = load_references(cfg.references)
     keys = set(s.task for s in steps)
     tasks = [t for t in cfg.training_tasks(benchmark) if benchmark.task_key(t) in keys]
     with EnvPool(benchmark.env_spec(), size=min(len(tasks), os.cpu_count() or 2)) as pool:
-        alternatives = asyncio.run(alternative_steps(benchmark, pool, tasks, references, steps,
-                                                     alternatives=sft_cfg.inverse_dynamics_alternatives,
-                                                     seed=sft_cfg.seed))
+        return asyncio.run(play(pool, tasks, references))
+
+
+def _alternative_examples(cfg: TrainConfig, sft_cfg: SFTConfig, tokenizer, benchmark: Benchmark, steps, what: str
+                          ) -> list:
+    """Inverse-dynamics examples of ``sft_cfg.inverse_dynamics_alternatives`` other actions at each of ``steps``
+    (``actfirst.train.inverse_dynamics``), each executed in the simulator."""
+    from actfirst.rollout.prompts import Mode
+    from actfirst.train.inverse_dynamics import alternative_steps
+    from actfirst.train.sft import examples
+
+    alternatives = _on_references(cfg, benchmark, steps, lambda pool, tasks, references: alternative_steps(
+        benchmark, pool, tasks, references, steps, alternatives=sft_cfg.inverse_dynamics_alternatives,
+        seed=sft_cfg.seed))
     logger.info(f"[prepare] {what}: {len(alternatives)} inverse-dynamics examples of other actions at "
                 f"{len(steps)} reference steps")
     return examples(tokenizer, benchmark, alternatives, modes=[Mode.INVERSE_DYNAMICS],
@@ -391,18 +398,14 @@ def _invalid_turns_stage(cfg: TrainConfig, sft_cfg: SFTConfig, model, tokenizer,
                          what: str) -> dict[str, Any]:
     """``sft_cfg.invalid_turns``'s second stage on ``model``: the first stage's examples (``data``) and full responses
     at the steps of ``steps``' references replayed with invalid turns (``actfirst.train.invalid_turns``); its record."""
-    from actfirst.envs.workers import EnvPool
     from actfirst.rollout.prompts import Mode
     from actfirst.train.invalid_turns import invalid_turn_steps
     from actfirst.train.sft import THOUGHTS, examples, sft
 
     stage = sft_cfg.invalid_turns
-    references = load_references(cfg.references)
-    keys = set(s.task for s in steps)
-    tasks = [t for t in cfg.training_tasks(benchmark) if benchmark.task_key(t) in keys]
-    with EnvPool(benchmark.env_spec(), size=min(len(tasks), os.cpu_count() or 2)) as pool:
-        invalid = asyncio.run(invalid_turn_steps(benchmark, pool, tasks, references, variants=stage.variants,
-                                                 max_turns=stage.max_turns, seed=stage.seed))
+    invalid = _on_references(cfg, benchmark, steps, lambda pool, tasks, references: invalid_turn_steps(
+        benchmark, pool, tasks, references, variants=stage.variants, max_turns=stage.max_turns, seed=stage.seed))
+    tasks = set(s.task for s in steps)
     thought = THOUGHTS[cfg.prepare.build_models.thoughts]
     extra = examples(tokenizer, benchmark, invalid, modes=[Mode.FULL_RESPONSE],
                      max_prompt_tokens=cfg.rollout.max_prompt_tokens, thought=thought)

@@ -81,9 +81,10 @@ async def alternative_steps(benchmark: Benchmark, pool: Any, tasks: Sequence[Any
         for action in pool_of[:TRIES * alternatives]:
             executed, transitions = await replay(worker, task, prefix + [action])
             observation = transitions[-1].observation
-            if executed != prefix + [action] or benchmark.normalize_observation(observation) in seen:
+            normalized = benchmark.normalize_observation(observation)
+            if executed != prefix + [action] or normalized in seen:
                 continue
-            seen.add(benchmark.normalize_observation(observation))
+            seen.add(normalized)
             out.append(dataclasses.replace(step, action=action, next_observation=observation))
             if len(out) == alternatives:
                 break
