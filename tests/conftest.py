@@ -1,5 +1,6 @@
 import os
 import shutil
+from pathlib import Path
 
 # vLLM's CPU worker ignores torch.set_num_threads; set before vLLM or torch threads start.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -11,6 +12,7 @@ if shutil.which("nvidia-smi") is None:
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from file_order import FileDurationRecorder, order_longest_first, recorded_seconds  # noqa: E402
 
 from actfirst.core.config import EngineConfig, ModelConfig, SchedulerConfig  # noqa: E402
 from actfirst.engine.core import ActFirstEngine  # noqa: E402
@@ -70,3 +72,19 @@ def engine(tiny_model_dir):
     cfg = EngineConfig(model=str(tiny_model_dir), dtype="float32", max_model_len=2048, max_num_seqs=64,
                        max_num_batched_tokens=4096, kv_cache_gib=1)
     return ActFirstEngine.from_config(cfg, SchedulerConfig(b_max=8))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-file-durations", metavar="PATH", default=None,
+                     help="write each test file's seconds (setup, call and teardown summed) to PATH as JSON, the "
+                          "longest first: what tests/file_durations.json holds")
+
+
+def pytest_configure(config):
+    path = config.getoption("record_file_durations")
+    if path and not hasattr(config, "workerinput"):  # the controller sees every worker's reports
+        config.pluginmanager.register(FileDurationRecorder(Path(path)), "file-duration-recorder")
+
+
+def pytest_collection_modifyitems(config, items):
+    order_longest_first(items, recorded_seconds())
