@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from actfirst.core.files import write_atomically
 
 FILE_DURATIONS = Path(__file__).with_name("file_durations.json")
 
@@ -34,7 +35,7 @@ def order_longest_first(items: list[Any], seconds: dict[str, float]) -> None:
 
 class FileDurationRecorder:
     """A pytest plugin: sums each file's report durations (setup, call, teardown) and writes them to ``path``,
-    longest first, when the session ends (atomically: a temporary file, then a rename)."""
+    longest first, when the session ends (``write_atomically``)."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -45,6 +46,5 @@ class FileDurationRecorder:
 
     def pytest_sessionfinish(self, session: Any) -> None:
         ranked = dict(sorted(((f, round(s, 1)) for f, s in self.seconds.items()), key=lambda kv: -kv[1]))
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(json.dumps({"total_s": round(sum(ranked.values()), 1), "seconds": ranked}, indent=1) + "\n")
-        os.replace(tmp, self.path)
+        write_atomically(self.path, json.dumps({"total_s": round(sum(ranked.values()), 1), "seconds": ranked},
+                                               indent=1) + "\n")
